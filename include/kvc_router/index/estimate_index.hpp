@@ -1,0 +1,149 @@
+// kvc_router/index/estimate_index.hpp
+//
+// A residency estimate learned from the router's own placements, bounded by
+// what each decode worker can hold. Each worker keeps the blocks of the
+// sessions placed on it; when a worker's estimate passes its capacity in
+// tokens, whole sessions are dropped least-recently-placed first, the way a
+// session-aware worker cache evicts. Overlap per worker is the length of the
+// leading run of the prefix that the worker holds: with chained hashes a
+// worker that holds block i holds the prefix before it, so the run equals the
+// set intersection whenever residency is prefix-closed (tests check this
+// against NaiveIndex).
+//
+// Cost: Overlap is O(|D| * run length) hash look-ups; Learn is O(new blocks)
+// when a session's chain only grew. Not thread-safe by itself; RoutingState
+// serializes access.
+//
+//   kvc_router::EstimateIndex index(/*num_workers=*/8,
+//                                   /*capacity_tokens=*/92104,
+//                                   /*block_tokens=*/24);
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router {
+
+class EstimateIndex {
+ public:
+  // `capacity_tokens` bounds each worker's estimate (use the workers' K_d);
+  // 0 means unbounded. `block_tokens` converts blocks to tokens.
+  EstimateIndex(uint32_t num_workers, uint64_t capacity_tokens, uint32_t block_tokens)
+      : workers_(num_workers),
+        capacity_blocks_(capacity_tokens == 0 || block_tokens == 0
+                             ? std::numeric_limits<uint64_t>::max()
+                             : capacity_tokens / block_tokens) {}
+
+  size_t num_workers() const { return workers_.size(); }
+
+  void Overlap(std::span<const BlockHash> prefix, std::span<uint32_t> out) const {
+    for (size_t d = 0; d < workers_.size() && d < out.size(); ++d) {
+      const auto& refs = workers_[d].block_refs;
+      uint32_t run = 0;
+      while (run < prefix.size() && refs.contains(prefix[run])) ++run;
+      out[d] = run;
+    }
+  }
+
+  // Session `session` on `worker` now holds `hashes` (its chained prefix).
+  // If the session alone exceeds the capacity, only its leading blocks are kept.
+  void Learn(WorkerId worker, SessionId session, std::span<const BlockHash> hashes) {
+    if (worker >= workers_.size()) return;
+    Worker& w = workers_[worker];
+    if (hashes.size() > capacity_blocks_) hashes = hashes.first(capacity_blocks_);
+    Session& s = w.sessions[session];
+    const size_t old_blocks = s.blocks.size();
+    // Chained hashes: equal last blocks mean equal prefixes, so a grown chain
+    // only adds its new tail.
+    size_t common = 0;
+    if (!s.blocks.empty() && s.blocks.size() <= hashes.size() &&
+        hashes[s.blocks.size() - 1] == s.blocks.back()) {
+      common = s.blocks.size();
+    } else {
+      while (common < s.blocks.size() && common < hashes.size() &&
+             s.blocks[common] == hashes[common]) {
+        ++common;
+      }
+    }
+    for (size_t i = common; i < s.blocks.size(); ++i) Unref(w, s.blocks[i]);
+    s.blocks.resize(common);
+    for (size_t i = common; i < hashes.size(); ++i) {
+      s.blocks.push_back(hashes[i]);
+      ++w.block_refs[hashes[i]];
+    }
+    w.total_blocks = w.total_blocks - old_blocks + s.blocks.size();
+    Touch(w, session, s);
+    EvictOverCapacity(w, session);
+  }
+
+  void ForgetSession(WorkerId worker, SessionId session) {
+    if (worker >= workers_.size()) return;
+    Worker& w = workers_[worker];
+    auto it = w.sessions.find(session);
+    if (it == w.sessions.end()) return;
+    DropSession(w, it);
+  }
+
+  // Blocks (session, worker) entries the estimate holds for `worker`.
+  uint64_t resident_blocks(WorkerId worker) const {
+    return worker < workers_.size() ? workers_[worker].total_blocks : 0;
+  }
+  uint64_t capacity_blocks() const { return capacity_blocks_; }
+  bool HoldsSession(WorkerId worker, SessionId session) const {
+    return worker < workers_.size() && workers_[worker].sessions.contains(session);
+  }
+
+ private:
+  struct Session {
+    std::vector<BlockHash> blocks;
+    uint64_t last_use = 0;
+  };
+  struct Worker {
+    absl::flat_hash_map<BlockHash, uint32_t> block_refs;
+    absl::flat_hash_map<SessionId, Session> sessions;
+    std::map<uint64_t, SessionId> lru;  // use tick -> session, oldest first
+    uint64_t total_blocks = 0;
+    uint64_t clock = 0;
+  };
+
+  static void Unref(Worker& w, BlockHash hash) {
+    auto it = w.block_refs.find(hash);
+    if (--it->second == 0) w.block_refs.erase(it);
+  }
+
+  static void Touch(Worker& w, SessionId id, Session& s) {
+    if (s.last_use != 0) w.lru.erase(s.last_use);
+    s.last_use = ++w.clock;
+    w.lru.emplace(s.last_use, id);
+  }
+
+  void DropSession(Worker& w, absl::flat_hash_map<SessionId, Session>::iterator it) {
+    for (BlockHash hash : it->second.blocks) Unref(w, hash);
+    w.total_blocks -= it->second.blocks.size();
+    w.lru.erase(it->second.last_use);
+    w.sessions.erase(it);
+  }
+
+  void EvictOverCapacity(Worker& w, SessionId keep) {
+    while (w.total_blocks > capacity_blocks_ && !w.lru.empty()) {
+      auto oldest = w.lru.begin();
+      if (oldest->second == keep) {
+        if (w.lru.size() == 1) break;
+        ++oldest;
+      }
+      DropSession(w, w.sessions.find(oldest->second));
+    }
+  }
+
+  std::vector<Worker> workers_;
+  uint64_t capacity_blocks_;
+};
+
+}  // namespace kvc_router

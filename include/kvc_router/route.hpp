@@ -1,0 +1,128 @@
+// kvc_router/route.hpp
+//
+// Algorithm 1, Route(r, Σ): choose the decode worker to ask first.
+//
+//  1. Workers whose rejection counter for the session reached tau_reject are
+//     blacklisted; workers already tried in the current Dispatch are excluded.
+//  2. If nothing is left, the degenerate branch picks the least-rejected
+//     untried worker (ties: lowest id).
+//  3. Otherwise the candidates are ranked by the 4-tuple
+//       (overlap + alpha*sticky, sticky, -inflight, -assigned)
+//     compared lexicographically, never folded into one number; the final tie
+//     goes to the lowest worker id, so decisions are deterministic.
+// Route never looks at capacity: that reaches it only through rejections.
+//
+// `SelectDecodeWorker` is the algorithm over plain arrays (no locks, no
+// index); `Route` applies it to a RoutingState. Both are pure: Route takes the
+// state's lock shared and changes nothing.
+//
+//   kvc_router::RouteChoice choice = kvc_router::Route(*state, request);
+//   if (choice.worker != kvc_router::kNoWorker) { ... }
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <tuple>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc_router/concepts.hpp"
+#include "kvc_router/detail/worker_mask.hpp"
+#include "kvc_router/routing_state.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router {
+
+struct RouteChoice {
+  // kNoWorker when every decode worker was already tried (the seed's ⊥).
+  WorkerId worker = kNoWorker;
+  // True when every untried worker was blacklisted (Algorithm 1, line 4).
+  bool degenerate = false;
+
+  friend constexpr bool operator==(const RouteChoice&, const RouteChoice&) = default;
+};
+
+// Everything Algorithm 1 reads, for one session, as arrays indexed by worker.
+struct RouteInputs {
+  std::span<const uint32_t> overlap;    // |prefix ∩ resident[d]| in blocks
+  std::span<const uint32_t> rejects;    // rejects[s,d]; empty means all zero
+  std::span<const uint64_t> inflight;   // inflight[d]
+  std::span<const uint64_t> assigned;   // assigned[d]
+  WorkerId pin = kNoWorker;             // pin[s]
+  uint32_t sticky_bonus = 1;            // alpha
+  uint32_t reject_threshold = 3;        // tau_reject
+  const detail::WorkerMask* tried = nullptr;  // excluded; may be null
+};
+
+// Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
+inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
+  const auto num_workers = static_cast<WorkerId>(in.overlap.size());
+  auto rejects_on = [&](WorkerId d) -> uint32_t {
+    return d < in.rejects.size() ? in.rejects[d] : 0;
+  };
+  auto is_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
+
+  WorkerId best = kNoWorker;
+  // The key is "larger is better" in every component.
+  std::tuple<uint64_t, bool, int64_t, int64_t> best_key;
+  WorkerId least_rejected = kNoWorker;
+  for (WorkerId d = 0; d < num_workers; ++d) {
+    if (is_tried(d)) continue;
+    const uint32_t rejects = rejects_on(d);
+    if (least_rejected == kNoWorker || rejects < rejects_on(least_rejected)) {
+      least_rejected = d;
+    }
+    if (rejects >= in.reject_threshold) continue;  // blacklisted
+    const bool sticky = d == in.pin;
+    const std::tuple<uint64_t, bool, int64_t, int64_t> key{
+        uint64_t{in.overlap[d]} + (sticky ? in.sticky_bonus : 0), sticky,
+        -static_cast<int64_t>(in.inflight[d]), -static_cast<int64_t>(in.assigned[d])};
+    // Strictly greater only: an equal key keeps the lower id.
+    if (best == kNoWorker || key > best_key) {
+      best = d;
+      best_key = key;
+    }
+  }
+  if (best != kNoWorker) return RouteChoice{best, false};
+  return RouteChoice{least_rejected, least_rejected != kNoWorker};
+}
+
+namespace detail {
+
+// Route against a state whose mutex the caller holds (shared is enough).
+// `overlap` is scratch space, resized here.
+template <CacheIndex Index, class OverlapBuffer>
+RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request,
+                        const WorkerMask* tried, OverlapBuffer& overlap) {
+  const RouterConfig& config = state.config();
+  overlap.assign(config.num_decode_workers, 0);
+  const auto& index = StateAccess::Index(state);
+  index.Overlap(request.prefix_hashes, std::span<uint32_t>(overlap.data(), overlap.size()));
+
+  RouteInputs in;
+  in.overlap = std::span<const uint32_t>(overlap.data(), overlap.size());
+  in.inflight = StateAccess::Inflight(state);
+  in.assigned = StateAccess::Assigned(state);
+  in.sticky_bonus = config.sticky_bonus;
+  in.reject_threshold = config.reject_threshold;
+  in.tried = tried;
+  const auto& sessions = StateAccess::Sessions(state);
+  if (auto it = sessions.find(request.session); it != sessions.end()) {
+    in.pin = it->second.pin;
+    in.rejects = it->second.rejects;
+  }
+  return SelectDecodeWorker(in);
+}
+
+}  // namespace detail
+
+// Algorithm 1 for `request` against the current state, with nothing tried
+// yet. Thread-safe; changes nothing.
+template <CacheIndex Index>
+RouteChoice Route(const RoutingState<Index>& state, const Request& request) {
+  absl::InlinedVector<uint32_t, 64> overlap;
+  absl::ReaderMutexLock lock(&detail::StateAccess::Mutex(state));
+  return detail::RouteLocked(state, request, nullptr, overlap);
+}
+
+}  // namespace kvc_router

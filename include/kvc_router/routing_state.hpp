@@ -1,0 +1,305 @@
+// kvc_router/routing_state.hpp
+//
+// `RoutingState` is the router's state Σ from the seed: the cache index
+// (resident[d]), each session's pin and per-worker rejection counters
+// (pin[s], rejects[s,d]), and per-worker load (inflight[d], assigned[d]),
+// plus the round-robin cursors used by Seed/Reseed and Fallback.
+//
+// Thread safety: every public member function may be called from many
+// gateway threads at once. One absl::Mutex guards the whole state; Route takes
+// it shared, dispatch steps take it exclusively for a few hundred nanoseconds,
+// and no lock is ever held across I/O (the dispatch state machine releases it
+// before the caller sends an RPC).
+//
+// Bounded memory: a session that has nothing in flight and no request for
+// `RouterConfig::session_idle_ttl` is forgotten, and at most
+// `RouterConfig::max_sessions` sessions are kept (least recently seen idle
+// sessions go first). Rejection counters are only allocated for sessions
+// that were ever rejected.
+//
+//   auto state = kvc_router::RoutingState<kvc_router::EstimateIndex>::Create(
+//       config, kvc_router::EstimateIndex(config.num_decode_workers, ...));
+//   if (!state.ok()) return state.status();
+//   // then StartDispatch(**state, request) or Dispatch(**state, request, transport)
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kvc_router/concepts.hpp"
+#include "kvc_router/config.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router {
+
+namespace detail {
+struct StateAccess;
+}  // namespace detail
+
+// Source of "now" for idle-session expiry; tests pass a fake clock.
+using Clock = std::function<absl::Time()>;
+
+inline Clock SystemClock() {
+  return [] { return absl::Now(); };
+}
+
+template <CacheIndex Index>
+class RoutingState {
+ public:
+  // Validates `config` and checks that `index` covers exactly |D| workers.
+  static absl::StatusOr<std::unique_ptr<RoutingState>> Create(
+      const RouterConfig& config, Index index, Clock clock = SystemClock()) {
+    if (absl::Status status = config.Validate(); !status.ok()) return status;
+    if (index.num_workers() != config.num_decode_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RoutingState: the cache index covers ", index.num_workers(),
+          " workers but RouterConfig.num_decode_workers is ",
+          config.num_decode_workers));
+    }
+    if (!clock) {
+      return absl::InvalidArgumentError("RoutingState: the clock is empty");
+    }
+    return std::unique_ptr<RoutingState>(
+        new RoutingState(config, std::move(index), std::move(clock)));
+  }
+
+  RoutingState(const RoutingState&) = delete;
+  RoutingState& operator=(const RoutingState&) = delete;
+
+  const RouterConfig& config() const { return config_; }
+  uint32_t num_decode_workers() const { return config_.num_decode_workers; }
+
+  // pin[s]: the decode worker that last admitted s, or kNoWorker.
+  WorkerId pin(SessionId session) const {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    return it == sessions_.end() ? kNoWorker : it->second.pin;
+  }
+
+  // rejects[s,d]; 0 for unknown sessions and out-of-range workers.
+  uint32_t rejects(SessionId session, WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    return it == sessions_.end() ? 0 : it->second.RejectsOn(worker);
+  }
+
+  uint64_t inflight(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return worker < inflight_.size() ? inflight_[worker] : 0;
+  }
+  uint64_t assigned(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return worker < assigned_.size() ? assigned_[worker] : 0;
+  }
+  uint64_t total_inflight() const {
+    absl::ReaderMutexLock lock(&mu_);
+    uint64_t total = 0;
+    for (uint64_t n : inflight_) total += n;
+    return total;
+  }
+  // Requests of `session` placed and not completed yet.
+  uint32_t session_inflight(SessionId session) const {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    return it == sessions_.end() ? 0 : it->second.inflight;
+  }
+  size_t num_sessions() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return sessions_.size();
+  }
+
+  // Decode worker `worker` dropped `session` from its cache: the index forgets it.
+  absl::Status OnSessionEvicted(WorkerId worker, SessionId session) {
+    if (worker >= config_.num_decode_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OnSessionEvicted: decode worker ", worker, " does not exist (|D|=",
+          config_.num_decode_workers, ")"));
+    }
+    absl::MutexLock lock(&mu_);
+    index_.ForgetSession(worker, session);
+    return absl::OkStatus();
+  }
+
+  // Tells the index that `worker` now holds `chain` for `session`, e.g. after
+  // the worker decoded a turn's output and the gateway hashed it.
+  absl::Status LearnResidency(WorkerId worker, SessionId session,
+                              std::span<const BlockHash> chain) {
+    if (worker >= config_.num_decode_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LearnResidency: decode worker ", worker, " does not exist (|D|=",
+          config_.num_decode_workers, ")"));
+    }
+    if (chain.size() > config_.max_prefix_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LearnResidency: ", chain.size(), " blocks exceed RouterConfig.max_prefix_blocks ",
+          config_.max_prefix_blocks));
+    }
+    absl::MutexLock lock(&mu_);
+    index_.Learn(worker, session, chain);
+    return absl::OkStatus();
+  }
+
+  // The session ended: drop its pin and counters. Refused while it has
+  // requests in flight, so their completion still finds it.
+  absl::Status ForgetSession(SessionId session) {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("ForgetSession: unknown session ", session));
+    }
+    if (it->second.inflight > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ForgetSession: session ", session, " has ", it->second.inflight,
+          " requests in flight"));
+    }
+    sessions_.erase(it);
+    return absl::OkStatus();
+  }
+
+  // Forgets idle sessions past the TTL and enforces max_sessions now; returns
+  // how many were forgotten. Dispatch also does this on its own, amortized.
+  size_t ExpireIdleSessions() {
+    absl::MutexLock lock(&mu_);
+    return SweepLocked(clock_(), nullptr);
+  }
+
+  // Runs `fn(Index&)` with exclusive access, e.g. to apply worker events.
+  template <class Fn>
+  decltype(auto) WithIndex(Fn&& fn) {
+    absl::MutexLock lock(&mu_);
+    return std::forward<Fn>(fn)(index_);
+  }
+  // Runs `fn(const Index&)` with shared access.
+  template <class Fn>
+  decltype(auto) ReadIndex(Fn&& fn) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return std::forward<Fn>(fn)(static_cast<const Index&>(index_));
+  }
+
+ private:
+  friend struct detail::StateAccess;
+
+  struct SessionEntry {
+    WorkerId pin = kNoWorker;
+    uint32_t inflight = 0;
+    absl::Time last_seen;
+    // Empty until the first rejection; then one counter per decode worker.
+    std::vector<uint32_t> rejects;
+
+    uint32_t RejectsOn(WorkerId worker) const {
+      return worker < rejects.size() ? rejects[worker] : 0;
+    }
+  };
+
+  RoutingState(const RouterConfig& config, Index index, Clock clock)
+      : config_(config),
+        clock_(std::move(clock)),
+        index_(std::move(index)),
+        inflight_(config.num_decode_workers, 0),
+        assigned_(config.num_decode_workers, 0) {
+    last_sweep_ = clock_();
+  }
+
+  SessionEntry& TouchSessionLocked(SessionId session, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto [it, inserted] = sessions_.try_emplace(session);
+    it->second.last_seen = now;
+    if (inserted && (sessions_.size() > config_.max_sessions ||
+                     now - last_sweep_ > config_.session_idle_ttl / 4)) {
+      SweepLocked(now, &session);
+      it = sessions_.find(session);
+    }
+    return it->second;
+  }
+
+  // Drops idle sessions past the TTL; if still above max_sessions, drops the
+  // least recently seen idle ones down to 7/8 of the bound so that the O(n)
+  // sweep is amortized over many insertions.
+  // `keep`, when given, is the session being inserted right now.
+  size_t SweepLocked(absl::Time now, const SessionId* keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    last_sweep_ = now;
+    const size_t before = sessions_.size();
+    auto is_kept = [keep](SessionId id) { return keep != nullptr && id == *keep; };
+    absl::erase_if(sessions_, [&](const auto& entry) {
+      const SessionEntry& s = entry.second;
+      return s.inflight == 0 && now - s.last_seen > config_.session_idle_ttl &&
+             !is_kept(entry.first);
+    });
+    if (sessions_.size() > config_.max_sessions) {
+      const size_t target = config_.max_sessions - config_.max_sessions / 8;
+      std::vector<std::pair<absl::Time, SessionId>> idle;
+      for (const auto& [id, s] : sessions_) {
+        if (s.inflight == 0 && !is_kept(id)) idle.emplace_back(s.last_seen, id);
+      }
+      const size_t excess = sessions_.size() - std::min(target, sessions_.size());
+      const size_t drop = std::min(excess, idle.size());
+      // Ties on last_seen are broken by session id, never by map order.
+      std::nth_element(idle.begin(), idle.begin() + drop, idle.end());
+      for (size_t i = 0; i < drop; ++i) sessions_.erase(idle[i].second);
+    }
+    return before - sessions_.size();
+  }
+
+  const RouterConfig config_;
+  const Clock clock_;
+  mutable absl::Mutex mu_;
+  Index index_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<SessionId, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> inflight_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> assigned_ ABSL_GUARDED_BY(mu_);
+  uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
+};
+
+namespace detail {
+
+// The library's own access to RoutingState internals (Route and the dispatch
+// state machine). Callers hold `Mutex(state)` as each member documents.
+struct StateAccess {
+  template <class State>
+  static absl::Mutex& Mutex(State& state) ABSL_LOCK_RETURNED(state.mu_) {
+    return state.mu_;
+  }
+  template <class State>
+  static auto& Index(State& state) { return state.index_; }
+  template <class State>
+  static auto& Sessions(State& state) { return state.sessions_; }
+  template <class State>
+  static auto& Inflight(State& state) { return state.inflight_; }
+  template <class State>
+  static auto& Assigned(State& state) { return state.assigned_; }
+  template <class State>
+  static absl::Time Now(State& state) { return state.clock_(); }
+  template <class State>
+  static auto& TouchSession(State& state, SessionId session, absl::Time now) {
+    return state.TouchSessionLocked(session, now);
+  }
+  // Round-robin cursors; kNoWorker when the pool is empty.
+  template <class State>
+  static WorkerId NextPrefill(State& state) {
+    const uint32_t n = state.config_.num_prefill_workers;
+    return n == 0 ? kNoWorker : static_cast<WorkerId>(state.prefill_cursor_++ % n);
+  }
+  template <class State>
+  static WorkerId NextDecode(State& state) {
+    return static_cast<WorkerId>(state.decode_cursor_++ % state.config_.num_decode_workers);
+  }
+};
+
+}  // namespace detail
+}  // namespace kvc_router

@@ -1,0 +1,131 @@
+#include "kvc_router/admit.hpp"
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "test_support.hpp"
+
+namespace kvc_router {
+namespace {
+
+AdmissionController Make(uint64_t capacity, double rho = 1.0, uint64_t tau_append = 100,
+                         CapacityAccounting accounting = CapacityAccounting::kConservative) {
+  AdmissionConfig config;
+  config.capacity_tokens = capacity;
+  config.high_water = rho;
+  config.max_direct_append_tokens = tau_append;
+  config.accounting = accounting;
+  auto controller = AdmissionController::Create(config);
+  REQUIRE(controller.ok());
+  return std::move(*controller);
+}
+
+AdmitQuery Query(SessionId s, uint32_t turn, uint64_t append, uint64_t input) {
+  return AdmitQuery{s, turn, append, input};
+}
+
+TEST_CASE("a new session is seeded on turn 0 and reseeded later", "[admit]") {
+  AdmissionController d = Make(1000);
+  auto first = d.Admit(Query(1, 0, 100, 100));
+  REQUIRE(first.ok());
+  CHECK(first->admitted);
+  CHECK(first->mode == DecisionMode::kSeed);
+  auto later = d.Admit(Query(2, 4, 10, 300));
+  REQUIRE(later.ok());
+  CHECK(later->mode == DecisionMode::kReseed);
+  CHECK(d.used_tokens() == 400);
+  CHECK(d.resident_tokens(2) == 300);
+}
+
+TEST_CASE("a resident session goes Direct while append and capacity allow", "[admit]") {
+  AdmissionController d = Make(1000, 1.0, /*tau_append=*/100);
+  REQUIRE(d.Admit(Query(1, 0, 200, 200))->admitted);
+  auto direct = d.Admit(Query(1, 1, 100, 300));
+  REQUIRE(direct.ok());
+  CHECK(direct->admitted);
+  CHECK(direct->mode == DecisionMode::kDirect);
+  CHECK(d.used_tokens() == 300);  // the session now occupies its whole input
+  auto large = d.Admit(Query(1, 2, 101, 401));
+  CHECK_FALSE(large->admitted);
+  CHECK(large->reason == RejectReason::kRealLargeAppend);
+  CHECK(d.used_tokens() == 300);  // a rejection changes nothing
+}
+
+TEST_CASE("conservative accounting counts a resident session's input in full", "[admit]") {
+  // used 600 (this session) + input 450 > 1000, although growth is only 150.
+  AdmissionController d = Make(1000, 1.0, 1000, CapacityAccounting::kConservative);
+  REQUIRE(d.Admit(Query(1, 0, 600, 600))->admitted);
+  auto result = d.Admit(Query(1, 1, 50, 450));
+  CHECK_FALSE(result->admitted);
+  CHECK(result->reason == RejectReason::kNoDCapacity);
+
+  AdmissionController inc = Make(1000, 1.0, 1000, CapacityAccounting::kIncremental);
+  REQUIRE(inc.Admit(Query(1, 0, 600, 600))->admitted);
+  auto grown = inc.Admit(Query(1, 1, 50, 650));
+  CHECK(grown->admitted);
+  CHECK(grown->mode == DecisionMode::kDirect);
+  CHECK(inc.used_tokens() == 650);
+  CHECK_FALSE(inc.Admit(Query(1, 2, 50, 1001))->admitted);
+}
+
+TEST_CASE("the high-water mark rho * K_d is the limit, inclusive", "[admit]") {
+  AdmissionController d = Make(1000, 0.9);
+  CHECK(d.budget_tokens() == 900);
+  auto exact = d.Admit(Query(1, 0, 900, 900));
+  CHECK(exact->admitted);
+  auto over = d.Admit(Query(2, 0, 1, 1));
+  CHECK_FALSE(over->admitted);
+  CHECK(over->reason == RejectReason::kSessionNotResidentNoCapacity);
+  CHECK(d.free_tokens() == 0);
+}
+
+TEST_CASE("malformed queries are refused and change nothing", "[admit]") {
+  AdmissionController d = Make(1000);
+  auto bad = d.Admit(Query(1, 0, 50, 10));
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(test::Message(bad.status()).find("append_tokens") != std::string::npos);
+  CHECK(d.num_sessions() == 0);
+  CHECK(AdmissionController::Create(AdmissionConfig{.capacity_tokens = 0}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("decode growth may use the headroom up to K_d, not past it", "[admit]") {
+  AdmissionController d = Make(1000, 0.5);
+  REQUIRE(d.Admit(Query(1, 0, 500, 500))->admitted);
+  CHECK(d.AddTokens(1, 400).ok());
+  CHECK(d.used_tokens() == 900);
+  CHECK(d.AddTokens(1, 101).code() == absl::StatusCode::kResourceExhausted);
+  CHECK(d.used_tokens() == 900);
+  CHECK(d.AddTokens(7, 1).code() == absl::StatusCode::kNotFound);
+  // Above the budget, nothing new is admitted.
+  CHECK_FALSE(d.Admit(Query(2, 0, 1, 1))->admitted);
+}
+
+TEST_CASE("release and LRU eviction free whole idle sessions", "[admit]") {
+  AdmissionController d = Make(1000);
+  REQUIRE(d.Admit(Query(1, 0, 100, 100))->admitted);
+  REQUIRE(d.Admit(Query(2, 0, 200, 200))->admitted);
+  REQUIRE(d.Admit(Query(3, 0, 300, 300))->admitted);
+  REQUIRE(d.OnRequestFinished(1).ok());
+  REQUIRE(d.OnRequestFinished(3).ok());
+  CHECK(d.OnRequestFinished(3).code() == absl::StatusCode::kFailedPrecondition);
+  // Session 2 still runs, so it is skipped; 1 is older than 3.
+  CHECK(d.EvictLeastRecentlyUsed(450) == std::vector<SessionId>{1});
+  CHECK(d.free_tokens() == 500);
+  CHECK(d.EvictLeastRecentlyUsed(900) == std::vector<SessionId>{3});
+  CHECK(d.num_sessions() == 1);
+  CHECK(d.ReleaseSession(2).ok());
+  CHECK(d.used_tokens() == 0);
+  CHECK(d.ReleaseSession(2).code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("Evaluate decides like Admit without booking", "[admit]") {
+  AdmissionController d = Make(1000);
+  auto result = d.Evaluate(Query(1, 0, 10, 10));
+  CHECK(result->admitted);
+  CHECK(d.num_sessions() == 0);
+  CHECK(d.used_tokens() == 0);
+}
+
+}  // namespace
+}  // namespace kvc_router

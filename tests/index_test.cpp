@@ -1,0 +1,136 @@
+#include <catch2/catch.hpp>
+#include <random>
+#include <vector>
+
+#include "kvc_router/block_hash.hpp"
+#include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/index/naive_index.hpp"
+#include "kvc_router/testing/property_kit.hpp"
+
+namespace kvc_router {
+namespace {
+
+std::vector<BlockHash> Chain(size_t n, uint64_t salt) {
+  std::vector<BlockHash> chain;
+  BlockHash parent = kChainRootHash;
+  for (size_t i = 0; i < n; ++i) {
+    const TokenId token = static_cast<TokenId>(salt * 1000 + i);
+    parent = HashBlock(parent, {&token, 1});
+    chain.push_back(parent);
+  }
+  return chain;
+}
+
+template <class Index>
+std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
+  std::vector<uint32_t> out(index.num_workers(), 0);
+  index.Overlap(prefix, out);
+  return out;
+}
+
+TEST_CASE("naive index: literal set intersection per worker", "[index]") {
+  NaiveIndex index(3);
+  const auto a = Chain(10, 1);
+  const auto b = Chain(6, 2);
+  index.Learn(0, 1, a);
+  index.Learn(1, 1, std::span<const BlockHash>(a).first(4));
+  index.Learn(1, 2, b);
+  CHECK(OverlapOf(index, a) == std::vector<uint32_t>{10, 4, 0});
+  // Not prefix-closed: the naive index still counts scattered blocks.
+  index.ForgetBlocks(0, std::span<const BlockHash>(a).first(1));
+  CHECK(OverlapOf(index, a) == std::vector<uint32_t>{9, 4, 0});
+  index.ForgetSession(1, 1);
+  CHECK(OverlapOf(index, a) == std::vector<uint32_t>{9, 0, 0});
+  CHECK(index.resident_blocks(1) == 6);
+  // Shared blocks survive until the last session holding them goes.
+  index.Learn(2, 3, b);
+  index.Learn(2, 4, std::span<const BlockHash>(b).first(3));
+  index.ForgetSession(2, 3);
+  CHECK(OverlapOf(index, b)[2] == 3);
+}
+
+TEST_CASE("estimate index: leading run, session eviction by capacity", "[index]") {
+  // 10 blocks of 24 tokens per worker.
+  EstimateIndex index(2, 240, 24);
+  const auto a = Chain(6, 1);
+  const auto b = Chain(3, 2);
+  const auto c = Chain(4, 3);
+  index.Learn(0, 1, a);
+  index.Learn(0, 2, b);
+  CHECK(index.resident_blocks(0) == 9);
+  CHECK(OverlapOf(index, a) == std::vector<uint32_t>{6, 0});
+  index.Learn(0, 3, c);  // 13 > 10: session 1, the oldest, goes
+  CHECK_FALSE(index.HoldsSession(0, 1));
+  CHECK(index.resident_blocks(0) == 7);
+  CHECK(OverlapOf(index, a) == std::vector<uint32_t>{0, 0});
+  // Touching session 2 makes session 3 the oldest.
+  index.Learn(0, 2, Chain(5, 2));
+  index.Learn(0, 4, Chain(3, 4));
+  CHECK_FALSE(index.HoldsSession(0, 3));
+  CHECK(index.HoldsSession(0, 2));
+  CHECK(index.resident_blocks(0) <= index.capacity_blocks());
+  // A session larger than the whole worker keeps its leading blocks.
+  const auto huge = Chain(25, 9);
+  index.Learn(1, 9, huge);
+  CHECK(index.resident_blocks(1) == 10);
+  CHECK(OverlapOf(index, huge)[1] == 10);
+}
+
+TEST_CASE("estimate index: a grown chain adds its tail, a diverged one is replaced", "[index]") {
+  EstimateIndex index(1, 0, 24);
+  auto chain = Chain(8, 1);
+  index.Learn(0, 1, std::span<const BlockHash>(chain).first(5));
+  index.Learn(0, 1, chain);
+  CHECK(index.resident_blocks(0) == 8);
+  CHECK(OverlapOf(index, chain)[0] == 8);
+  auto other = Chain(3, 7);
+  index.Learn(0, 1, other);
+  CHECK(index.resident_blocks(0) == 3);
+  CHECK(OverlapOf(index, chain)[0] == 0);
+  CHECK(OverlapOf(index, other)[0] == 3);
+  index.ForgetSession(0, 1);
+  CHECK(index.resident_blocks(0) == 0);
+}
+
+TEST_CASE("estimate and naive indexes agree on prefix-closed residency",
+          "[index][property]") {
+  const uint64_t seed = GENERATE(take(300, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  testing::ScenarioRng rng(seed);
+  const uint32_t workers = static_cast<uint32_t>(rng.Uniform(1, 8));
+  NaiveIndex naive(workers);
+  EstimateIndex estimate(workers, 0, 16);
+  std::vector<std::vector<BlockHash>> chains;
+  const auto root = Chain(rng.Uniform(0, 5), 777);
+  for (int s = 0; s < 6; ++s) {
+    auto chain = root;
+    const auto own = Chain(rng.Uniform(1, 30), 100 + s);
+    // Chains stay chained: continue from the root's last hash.
+    BlockHash parent = chain.empty() ? kChainRootHash : chain.back();
+    for (BlockHash h : own) {
+      const TokenId token = static_cast<TokenId>(h);
+      parent = HashBlock(parent, {&token, 1});
+      chain.push_back(parent);
+    }
+    chains.push_back(chain);
+  }
+  for (int step = 0; step < 60; ++step) {
+    const WorkerId d = static_cast<WorkerId>(rng.Uniform(0, workers - 1));
+    const SessionId s = rng.Uniform(0, chains.size() - 1);
+    const auto& chain = chains[s];
+    if (rng.Chance(70)) {
+      const auto prefix = std::span<const BlockHash>(chain).first(rng.Uniform(0, chain.size()));
+      naive.Learn(d, s, prefix);
+      estimate.Learn(d, s, prefix);
+    } else {
+      naive.ForgetSession(d, s);
+      estimate.ForgetSession(d, s);
+    }
+    const auto& query = chains[rng.Uniform(0, chains.size() - 1)];
+    const auto probe = std::span<const BlockHash>(query).first(rng.Uniform(0, query.size()));
+    REQUIRE(OverlapOf(naive, probe) == OverlapOf(estimate, probe));
+  }
+}
+
+}  // namespace
+}  // namespace kvc_router

@@ -1,0 +1,108 @@
+// Many gateway threads dispatching and completing at once (run under TSan by
+// the test command). Afterwards every invariant holds and inflight is zero.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "kvc_router/dispatch.hpp"
+#include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/testing/property_kit.hpp"
+#include "test_support.hpp"
+
+namespace kvc_router {
+namespace {
+
+TEST_CASE("concurrent dispatch keeps every invariant", "[tsan][threads]") {
+  constexpr int kThreads = 4;
+  constexpr int kOpsPerThread = 3000;
+  constexpr uint32_t kWorkers = 6;
+  RouterConfig config;
+  config.num_decode_workers = kWorkers;
+  config.num_prefill_workers = 2;
+  config.max_sessions = 16;  // fewer than the 32 sessions: sweeps race with dispatches
+  auto created = RoutingState<EstimateIndex>::Create(
+      config, EstimateIndex(kWorkers, 24 * 4000, config.block_tokens));
+  REQUIRE(created.ok());
+  RoutingState<EstimateIndex>& state = **created;
+
+  const uint64_t seed = test::PropertySeed();
+  INFO("seed " << seed);
+  std::atomic<uint64_t> decisions{0};
+  std::atomic<int> violations{0};
+  std::atomic<bool> stop{false};
+
+  auto gateway = [&](int thread) {
+    testing::ScenarioRng rng(seed * 31 + static_cast<uint64_t>(thread));
+    std::vector<testing::SyntheticSession> sessions(8);
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      sessions[i].id = static_cast<SessionId>(thread) * 1000 + i;  // owned by this thread
+    }
+    std::vector<DispatchOp<EstimateIndex>> open;
+    for (int i = 0; i < kOpsPerThread; ++i) {
+      testing::SyntheticSession& s = sessions[rng.Uniform(0, sessions.size() - 1)];
+      if (s.chain.size() > 300) s.chain.resize(0);
+      const Request request = s.NextTurn(rng, rng.Uniform(0, 3), config.block_tokens, 1);
+      auto op = StartDispatch(state, request);
+      if (!op.ok()) {
+        ++violations;
+        continue;
+      }
+      while (op->awaiting_admit()) {
+        const AdmitResult answer =
+            rng.Chance(35) ? AdmitResult::Rejected(RejectReason::kNoDCapacity)
+                           : AdmitResult::Admitted(DecisionMode::kReseed);
+        if (!op->OnAdmitResult(answer).ok()) ++violations;
+      }
+      ++decisions;
+      const Decision decision = op->decision();
+      if (decision.mode != DecisionMode::kFallback &&
+          state.rejects(s.id, decision.decode) != 0) {
+        ++violations;  // reset-on-success
+      }
+      if (decision.mode != DecisionMode::kFallback && state.pin(s.id) != decision.decode) {
+        ++violations;
+      }
+      if (rng.Chance(20)) {
+        (void)state.OnSessionEvicted(static_cast<WorkerId>(rng.Uniform(0, kWorkers - 1)), s.id);
+      }
+      if (rng.Chance(50)) {
+        open.push_back(std::move(*op));  // completes later, maybe on drop
+      } else if (!op->Complete().ok()) {
+        ++violations;
+      }
+      if (!open.empty() && rng.Chance(50)) {
+        if (rng.Chance(50)) (void)open.front().Complete();
+        open.erase(open.begin());
+      }
+    }
+  };
+  std::thread janitor([&] {
+    std::vector<BlockHash> probe = {1, 2, 3};
+    while (!stop.load()) {
+      state.ExpireIdleSessions();
+      (void)Route(state, Request{.session = 1, .turn = 1, .prefix_hashes = probe});
+      (void)state.total_inflight();
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(gateway, t);
+  for (auto& t : threads) t.join();
+  stop = true;
+  janitor.join();
+
+  CHECK(violations.load() == 0);
+  CHECK(state.total_inflight() == 0);
+  uint64_t assigned = 0;
+  for (WorkerId d = 0; d < kWorkers; ++d) {
+    CHECK(state.inflight(d) == 0);
+    assigned += state.assigned(d);
+  }
+  CHECK(assigned == decisions.load());
+  CHECK(decisions.load() == uint64_t{kThreads} * kOpsPerThread);
+}
+
+}  // namespace
+}  // namespace kvc_router
