@@ -10,7 +10,8 @@
 //   route.hpp           Algorithm 1, Route
 //   admit.hpp           Algorithm 2, AdmissionController (decode-worker side)
 //   dispatch.hpp        Algorithm 3, DispatchOp (I/O-free) and Dispatch (blocking)
-//   index/              cache indexes: naive reference, placement estimate
+//   index/              cache indexes: naive reference, placement estimate,
+//                       fast estimate (one table, bisection overlap), KV events
 //
 // The testing kit (kvc_router/testing/) is not included here; include it from
 // tests.
@@ -22,6 +23,8 @@
 #include "kvc_router/config.hpp"
 #include "kvc_router/dispatch.hpp"
 #include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/index/fast_index.hpp"
+#include "kvc_router/index/kv_event_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/route.hpp"
 #include "kvc_router/routing_state.hpp"

@@ -1,0 +1,143 @@
+#include "kvc_router/index/fast_index.hpp"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "kvc_router/index/detail/block_table.hpp"
+#include "kvc_router/index/naive_index.hpp"
+#include "kvc_router/testing/property_kit.hpp"
+
+namespace kvc_router {
+namespace {
+
+std::vector<BlockHash> Chain(size_t n, uint64_t salt, BlockHash parent = kChainRootHash) {
+  std::vector<BlockHash> chain;
+  for (size_t i = 0; i < n; ++i) {
+    const TokenId token = static_cast<TokenId>(salt * 100003 + i);
+    parent = HashBlock(parent, {&token, 1});
+    chain.push_back(parent);
+  }
+  return chain;
+}
+
+template <class Index>
+std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
+  std::vector<uint32_t> out(index.num_workers(), 7);
+  index.Overlap(prefix, out);
+  return out;
+}
+
+TEST_CASE("block table: insert, erase, growth and backward-shift deletion", "[fast_index]") {
+  index_detail::BlockTable table(130);  // three mask words
+  // Small consecutive keys collide in the low bits without remixing.
+  for (BlockHash key = 0; key < 5000; ++key) CHECK(table.Insert(key, key % 130));
+  CHECK_FALSE(table.Insert(17, 17));
+  CHECK(table.Insert(17, 129));
+  CHECK(table.size() == 5000);
+  for (BlockHash key = 0; key < 5000; key += 2) CHECK(table.Erase(key, key % 130));
+  CHECK_FALSE(table.Erase(0, 0));
+  CHECK(table.size() == 2500);
+  for (BlockHash key = 0; key < 5000; ++key) {
+    INFO(key);
+    CHECK(table.Contains(key, key % 130) == (key % 2 == 1));
+  }
+  CHECK(table.Contains(17, 129));
+  CHECK(table.EraseWorker(129) == 1 + 5000 / 130 / 2);
+  CHECK_FALSE(table.Contains(17, 129));
+  CHECK(table.Contains(17, 17));
+}
+
+TEST_CASE("fast index: runs per worker from one bisection", "[fast_index]") {
+  FastIndex index(5, 0, 16);
+  const auto chain = Chain(1000, 1);
+  const std::span<const BlockHash> all(chain);
+  index.Learn(0, 1, all);
+  index.Learn(1, 2, all.first(1));
+  index.Learn(2, 3, all.first(999));
+  index.Learn(3, 4, all.first(517));
+  CHECK(OverlapOf(index, all) == std::vector<uint32_t>{1000, 1, 999, 517, 0});
+  CHECK(OverlapOf(index, all.first(1)) == std::vector<uint32_t>{1, 1, 1, 1, 0});
+  CHECK(OverlapOf(index, all.first(0)) == std::vector<uint32_t>{0, 0, 0, 0, 0});
+  CHECK(OverlapOf(index, Chain(10, 9)) == std::vector<uint32_t>{0, 0, 0, 0, 0});
+  CHECK(index.entries() == 1000 + 1 + 999 + 517);
+}
+
+TEST_CASE("fast index: shared blocks are counted once per worker and survive", "[fast_index]") {
+  FastIndex index(2, 0, 16);
+  const auto root = Chain(10, 1);
+  auto a = root;
+  auto a_tail = Chain(5, 2, root.back());
+  a.insert(a.end(), a_tail.begin(), a_tail.end());
+  index.Learn(0, 1, root);
+  index.Learn(0, 2, a);
+  CHECK(index.entries() == 15);
+  index.ForgetSession(0, 1);
+  CHECK(OverlapOf(index, a)[0] == 15);  // session 2 still holds the root
+  index.ForgetSession(0, 2);
+  CHECK(OverlapOf(index, a)[0] == 0);
+  CHECK(index.entries() == 0);
+}
+
+TEST_CASE("fast index: capacity evicts whole sessions, least recent first", "[fast_index]") {
+  FastIndex index(1, 10 * 16, 16);
+  index.Learn(0, 1, Chain(6, 1));
+  index.Learn(0, 2, Chain(3, 2));
+  index.Learn(0, 3, Chain(4, 3));
+  CHECK_FALSE(index.HoldsSession(0, 1));
+  CHECK(index.resident_blocks(0) == 7);
+  CHECK(index.entries() == 7);
+  index.Learn(0, 9, Chain(40, 9));
+  CHECK(index.resident_blocks(0) == 10);
+  CHECK(index.HoldsSession(0, 9));
+  CHECK(index.entries() == 10);
+}
+
+TEST_CASE("fast index: memory per resident entry stays small", "[fast_index]") {
+  FastIndex index(8, 0, 16);
+  for (SessionId s = 0; s < 256; ++s) index.Learn(s % 8, s, Chain(1024, s));
+  REQUIRE(index.entries() == 256 * 1024);
+  const double per_entry = static_cast<double>(index.memory_bytes()) / index.entries();
+  INFO("bytes per entry " << per_entry);
+  CHECK(per_entry <= 48.0);
+}
+
+TEST_CASE("fast, estimate and naive indexes agree on random placements",
+          "[fast_index][property]") {
+  const uint64_t seed = GENERATE(take(300, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  testing::ScenarioRng rng(seed);
+  const uint32_t workers = static_cast<uint32_t>(rng.Uniform(1, 70));
+  NaiveIndex naive(workers);
+  EstimateIndex estimate(workers, 0, 16);
+  FastIndex fast(workers, 0, 16);
+  const auto root = Chain(rng.Uniform(0, 5), 777);
+  std::vector<std::vector<BlockHash>> chains;
+  for (int s = 0; s < 8; ++s) {
+    auto chain = root;
+    const auto own = Chain(rng.Uniform(1, 80), 100 + s, root.empty() ? kChainRootHash : root.back());
+    chain.insert(chain.end(), own.begin(), own.end());
+    chains.push_back(chain);
+  }
+  for (int step = 0; step < 80; ++step) {
+    const WorkerId d = static_cast<WorkerId>(rng.Uniform(0, workers - 1));
+    const SessionId s = rng.Uniform(0, chains.size() - 1);
+    if (rng.Chance(70)) {
+      const auto prefix = std::span<const BlockHash>(chains[s]).first(rng.Uniform(0, chains[s].size()));
+      naive.Learn(d, s, prefix);
+      estimate.Learn(d, s, prefix);
+      fast.Learn(d, s, prefix);
+    } else {
+      naive.ForgetSession(d, s);
+      estimate.ForgetSession(d, s);
+      fast.ForgetSession(d, s);
+    }
+    const auto& query = chains[rng.Uniform(0, chains.size() - 1)];
+    const auto probe = std::span<const BlockHash>(query).first(rng.Uniform(0, query.size()));
+    const auto expected = OverlapOf(naive, probe);
+    REQUIRE(OverlapOf(estimate, probe) == expected);
+    REQUIRE(OverlapOf(fast, probe) == expected);
+  }
+}
+
+}  // namespace
+}  // namespace kvc_router
