@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kvc_router/index/detail/block_table.hpp"
+#include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/testing/property_kit.hpp"
 
@@ -42,9 +43,38 @@ TEST_CASE("block table: insert, erase, growth and backward-shift deletion", "[fa
     CHECK(table.Contains(key, key % 130) == (key % 2 == 1));
   }
   CHECK(table.Contains(17, 129));
-  CHECK(table.EraseWorker(129) == 1 + 5000 / 130 / 2);
+  size_t held_by_129 = 1;  // key 17
+  for (BlockHash key = 129; key < 5000; key += 130) held_by_129 += key % 2;
+  CHECK(table.EraseWorker(129) == held_by_129);
   CHECK_FALSE(table.Contains(17, 129));
   CHECK(table.Contains(17, 17));
+}
+
+TEST_CASE("block table: worker sets move between inline and pooled forms", "[fast_index]") {
+  for (uint32_t workers : {64u, 65u, 300u, 4096u}) {
+    INFO(workers << " workers");
+    index_detail::BlockTable table(workers);
+    testing::ScenarioRng rng(workers);
+    std::vector<bool> held(workers, false);
+    for (int step = 0; step < 4000; ++step) {
+      const WorkerId d = static_cast<WorkerId>(rng.Uniform(0, std::min(workers, 9u) - 1) *
+                                               (workers / 9 + 1) % workers);
+      if (rng.Chance(55)) {
+        CHECK(table.Insert(99, d) == !held[d]);
+        held[d] = true;
+      } else {
+        CHECK(table.Erase(99, d) == held[d]);
+        held[d] = false;
+      }
+      for (WorkerId w = 0; w < workers; w += (workers / 9 + 1)) REQUIRE(table.Contains(99, w) == held[w]);
+      const bool any = std::find(held.begin(), held.end(), true) != held.end();
+      REQUIRE(table.size() == (any ? 1u : 0u));
+      std::vector<uint32_t> runs(workers, 0);
+      const BlockHash prefix[] = {99};
+      table.MatchedRuns(prefix, runs);
+      for (WorkerId w = 0; w < workers; ++w) REQUIRE(runs[w] == (held[w] ? 1u : 0u));
+    }
+  }
 }
 
 TEST_CASE("fast index: runs per worker from one bisection", "[fast_index]") {
@@ -99,6 +129,12 @@ TEST_CASE("fast index: memory per resident entry stays small", "[fast_index]") {
   const double per_entry = static_cast<double>(index.memory_bytes()) / index.entries();
   INFO("bytes per entry " << per_entry);
   CHECK(per_entry <= 48.0);
+  // Many workers: most blocks on one worker still cost one 16-byte slot.
+  FastIndex wide(256, 0, 16);
+  for (SessionId s = 0; s < 256; ++s) wide.Learn(static_cast<WorkerId>(s), s, Chain(1024, s));
+  const double wide_per_entry = static_cast<double>(wide.memory_bytes()) / wide.entries();
+  INFO("bytes per entry at 256 workers " << wide_per_entry);
+  CHECK(wide_per_entry <= 48.0);
 }
 
 TEST_CASE("fast, estimate and naive indexes agree on random placements",

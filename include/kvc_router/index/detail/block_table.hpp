@@ -1,14 +1,23 @@
 // kvc_router/index/detail/block_table.hpp
 //
 // The shared core of the fast indexes: one open-addressing table from block
-// hash to the set of decode workers holding that block (a bit per worker),
-// and the one-pass overlap search over it.
+// hash to the set of decode workers holding that block, and the one-pass
+// overlap search over it.
 //
-// Layout: two flat arrays, keys and worker masks (`words` 64-bit words per
-// slot), linear probing, backward-shift deletion (no tombstones), grown at
-// 7/8 load. A slot is empty exactly when its mask is all zero, so every
-// 64-bit key is allowed. Keys are remixed before probing because callers may
-// use small integers (Mooncake hash ids) rather than XXH3 output.
+// Layout: two flat arrays of 64-bit words, keys and values, linear probing,
+// backward-shift deletion (no tombstones), grown at 7/8 load. A value of 0
+// marks an empty slot, so every 64-bit key is allowed. Keys are remixed
+// before probing because callers may use small integers (Mooncake hash ids)
+// rather than XXH3 output.
+//
+// The worker set of a block is encoded in its 64-bit value:
+//  - up to 64 workers: the value is the bit mask itself;
+//  - more workers: most blocks live on one to three workers, so the value
+//    holds those ids inline (tag 01, a count and three 12-bit ids, sorted);
+//    a block on four or more workers points (tag 10) into a pool of full
+//    masks. The encoding is canonical (inline exactly when at most three
+//    workers), so equal sets have equal values unless both are pooled.
+// Every slot therefore costs 16 bytes whatever |D| is.
 //
 // Overlap: with chained hashes and prefix-closed residency the set of
 // workers holding block i shrinks as i grows, so it is a step function with
@@ -18,7 +27,6 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -31,84 +39,54 @@ namespace kvc_router::index_detail {
 
 class BlockTable {
  public:
-  static constexpr uint32_t kMaxWords = (kMaxWorkers + 63) / 64;
-
   explicit BlockTable(uint32_t num_workers)
-      : num_workers_(num_workers), words_(std::max<uint32_t>(1, (num_workers + 63) / 64)) {
+      : num_workers_(num_workers),
+        words_(std::max<uint32_t>(1, (num_workers + 63) / 64)),
+        compact_(num_workers > 64) {
     Rehash(64);
   }
 
   uint32_t num_workers() const { return num_workers_; }
-  uint32_t words() const { return words_; }
   size_t size() const { return size_; }
 
-  // The worker mask of `hash`, or nullptr when no worker holds it.
-  const uint64_t* Find(BlockHash hash) const {
-    for (size_t slot = Home(hash);; slot = (slot + 1) & mask_) {
-      const uint64_t* m = Mask(slot);
-      if (IsEmpty(m)) return nullptr;
-      if (keys_[slot] == hash) return m;
-    }
-  }
-
   bool Contains(BlockHash hash, WorkerId worker) const {
-    const uint64_t* m = Find(hash);
-    return m != nullptr && (m[worker / 64] >> (worker % 64)) & 1;
+    const size_t slot = FindSlot(hash);
+    return slot != kNone && Holds(values_[slot], worker);
   }
 
-  // Sets `worker`'s bit; returns false when it was already set.
+  // Adds `worker` to the block; returns false when it was already there.
   bool Insert(BlockHash hash, WorkerId worker) {
     if ((size_ + 1) * 8 > (mask_ + 1) * 7) Rehash((mask_ + 1) * 2);
     size_t slot = Home(hash);
-    for (;; slot = (slot + 1) & mask_) {
-      uint64_t* m = Mask(slot);
-      if (IsEmpty(m)) {
-        keys_[slot] = hash;
-        ++size_;
-        break;
-      }
-      if (keys_[slot] == hash) break;
+    while (values_[slot] != 0 && keys_[slot] != hash) slot = (slot + 1) & mask_;
+    uint64_t& value = values_[slot];
+    if (value == 0) {
+      keys_[slot] = hash;
+      ++size_;
+    } else if (Holds(value, worker)) {
+      return false;
     }
-    uint64_t& word = Mask(slot)[worker / 64];
-    const uint64_t bit = uint64_t{1} << (worker % 64);
-    if (word & bit) return false;
-    word |= bit;
+    value = With(value, worker);
     return true;
   }
 
-  // Clears `worker`'s bit; returns false when it was not set.
+  // Removes `worker` from the block; returns false when it was not there.
   bool Erase(BlockHash hash, WorkerId worker) {
-    size_t slot = Home(hash);
-    for (;; slot = (slot + 1) & mask_) {
-      uint64_t* m = Mask(slot);
-      if (IsEmpty(m)) return false;
-      if (keys_[slot] == hash) break;
-    }
-    uint64_t* m = Mask(slot);
-    const uint64_t bit = uint64_t{1} << (worker % 64);
-    if (!(m[worker / 64] & bit)) return false;
-    m[worker / 64] &= ~bit;
-    if (IsEmpty(m)) RemoveSlot(slot);
+    const size_t slot = FindSlot(hash);
+    if (slot == kNone || !Holds(values_[slot], worker)) return false;
+    values_[slot] = Without(values_[slot], worker);
+    if (values_[slot] == 0) RemoveSlot(slot);
     return true;
   }
 
-  // Clears `worker` from every block (O(table)); returns how many it held.
+  // Removes `worker` from every block (O(table)); returns how many it held.
   size_t EraseWorker(WorkerId worker) {
-    const uint64_t bit = uint64_t{1} << (worker % 64);
-    size_t cleared = 0;
-    std::vector<BlockHash> sole;  // blocks only this worker holds
+    std::vector<BlockHash> held;
     for (size_t slot = 0; slot <= mask_; ++slot) {
-      uint64_t* m = Mask(slot);
-      if (IsEmpty(m) || !(m[worker / 64] & bit)) continue;
-      ++cleared;
-      m[worker / 64] &= ~bit;
-      if (IsEmpty(m)) {
-        m[worker / 64] |= bit;  // stays occupied until Erase removes it in probe order
-        sole.push_back(keys_[slot]);
-      }
+      if (values_[slot] != 0 && Holds(values_[slot], worker)) held.push_back(keys_[slot]);
     }
-    for (BlockHash hash : sole) Erase(hash, worker);
-    return cleared;
+    for (BlockHash hash : held) Erase(hash, worker);
+    return held.size();
   }
 
   // out[d] = length of the leading run of `prefix` that worker d holds,
@@ -117,22 +95,30 @@ class BlockTable {
     std::fill(out.begin(), out.end(), 0);
     const size_t n = prefix.size();
     if (n == 0) return;
-    const uint64_t* first = FindOrZero(prefix[0]);
-    if (IsEmpty(first)) return;
-    const uint64_t* last = n == 1 ? first : FindOrZero(prefix[n - 1]);
-    // Workers holding the first and the last block match the whole prefix.
-    std::array<uint64_t, kMaxWords> both;
-    for (uint32_t w = 0; w < words_; ++w) both[w] = first[w] & last[w];
-    Assign(both.data(), nullptr, static_cast<uint32_t>(n), out);
-    if (n > 1) Bisect(prefix, 0, n - 1, first, both.data(), out);
+    const uint64_t first = Lookup(prefix[0]);
+    if (first == 0) return;
+    const uint64_t last = n == 1 ? first : Lookup(prefix[n - 1]);
+    // Workers holding both ends match the whole prefix.
+    ForEachWorker(last, [&](WorkerId d) {
+      if (d < out.size() && Holds(first, d)) out[d] = static_cast<uint32_t>(n);
+    });
+    if (n > 1) Bisect(prefix, 0, n - 1, first, last, out);
   }
 
-  // Bytes held by the table's arrays.
+  // Bytes held by the table and its pool.
   size_t memory_bytes() const {
-    return keys_.capacity() * sizeof(uint64_t) + masks_.capacity() * sizeof(uint64_t);
+    return (keys_.capacity() + values_.capacity() + pool_.capacity()) * sizeof(uint64_t) +
+           free_pool_.capacity() * sizeof(uint32_t);
   }
 
  private:
+  static constexpr size_t kNone = ~size_t{0};
+  static constexpr uint64_t kTagMask = 3;
+  static constexpr uint64_t kInlineTag = 1;
+  static constexpr uint64_t kPooledTag = 2;
+  static constexpr int kIdBits = 12;
+  static_assert(kMaxWorkers <= (1u << kIdBits), "inline worker ids are 12 bits");
+
   static uint64_t Mix(uint64_t key) {
     key ^= key >> 33;
     key *= 0xff51afd7ed558ccdULL;
@@ -140,96 +126,186 @@ class BlockTable {
     return key;
   }
   size_t Home(BlockHash hash) const { return Mix(hash) & mask_; }
-  uint64_t* Mask(size_t slot) { return masks_.data() + slot * words_; }
-  const uint64_t* Mask(size_t slot) const { return masks_.data() + slot * words_; }
-  bool IsEmpty(const uint64_t* m) const {
-    for (uint32_t w = 0; w < words_; ++w) {
-      if (m[w] != 0) return false;
+
+  size_t FindSlot(BlockHash hash) const {
+    for (size_t slot = Home(hash);; slot = (slot + 1) & mask_) {
+      if (values_[slot] == 0) return kNone;
+      if (keys_[slot] == hash) return slot;
     }
-    return true;
   }
-  const uint64_t* FindOrZero(BlockHash hash) const {
-    const uint64_t* m = Find(hash);
-    return m != nullptr ? m : zeros_.data();
-  }
-  bool SameMask(const uint64_t* a, const uint64_t* b) const {
-    return std::memcmp(a, b, words_ * sizeof(uint64_t)) == 0;
+  uint64_t Lookup(BlockHash hash) const {
+    const size_t slot = FindSlot(hash);
+    return slot == kNone ? 0 : values_[slot];
   }
 
-  // Every worker in `have` but not in `minus` gets run length `run`.
-  void Assign(const uint64_t* have, const uint64_t* minus, uint32_t run,
-              std::span<uint32_t> out) const {
+  // --- the worker-set encoding -------------------------------------------
+  static uint32_t InlineCount(uint64_t v) { return static_cast<uint32_t>((v >> 2) & 3); }
+  static WorkerId InlineId(uint64_t v, uint32_t i) {
+    return static_cast<WorkerId>((v >> (4 + kIdBits * i)) & ((1u << kIdBits) - 1));
+  }
+  static uint64_t MakeInline(const WorkerId* ids, uint32_t count) {
+    uint64_t v = kInlineTag | (uint64_t{count} << 2);
+    for (uint32_t i = 0; i < count; ++i) v |= uint64_t{ids[i]} << (4 + kIdBits * i);
+    return v;
+  }
+  const uint64_t* Pooled(uint64_t v) const { return pool_.data() + (v >> 2) * words_; }
+  uint64_t* Pooled(uint64_t v) { return pool_.data() + (v >> 2) * words_; }
+
+  bool Holds(uint64_t v, WorkerId d) const {
+    if (!compact_) return d < 64 && (v >> d) & 1;
+    if ((v & kTagMask) == kInlineTag) {
+      for (uint32_t i = 0; i < InlineCount(v); ++i) {
+        if (InlineId(v, i) == d) return true;
+      }
+      return false;
+    }
+    return v != 0 && (Pooled(v)[d / 64] >> (d % 64)) & 1;
+  }
+
+  template <class Fn>
+  void ForEachWorker(uint64_t v, Fn&& fn) const {
+    if (v == 0) return;
+    if (!compact_) {
+      for (uint64_t bits = v; bits != 0; bits &= bits - 1) {
+        fn(static_cast<WorkerId>(__builtin_ctzll(bits)));
+      }
+      return;
+    }
+    if ((v & kTagMask) == kInlineTag) {
+      for (uint32_t i = 0; i < InlineCount(v); ++i) fn(InlineId(v, i));
+      return;
+    }
+    const uint64_t* words = Pooled(v);
     for (uint32_t w = 0; w < words_; ++w) {
-      uint64_t bits = have[w] & (minus != nullptr ? ~minus[w] : ~uint64_t{0});
-      while (bits != 0) {
-        const uint32_t d = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
-        if (d < out.size()) out[d] = run;
-        bits &= bits - 1;
+      for (uint64_t bits = words[w]; bits != 0; bits &= bits - 1) {
+        fn(static_cast<WorkerId>(w * 64 + __builtin_ctzll(bits)));
       }
     }
   }
 
-  // Invariant: `lo_mask` = workers of prefix[lo], `hi_mask` = of prefix[hi].
-  void Bisect(std::span<const BlockHash> prefix, size_t lo, size_t hi, const uint64_t* lo_mask,
-              const uint64_t* hi_mask, std::span<uint32_t> out) const {
+  bool SameSet(uint64_t a, uint64_t b) const {
+    if (a == b) return true;
+    if (!compact_ || (a & kTagMask) != kPooledTag || (b & kTagMask) != kPooledTag) return false;
+    return std::memcmp(Pooled(a), Pooled(b), words_ * sizeof(uint64_t)) == 0;
+  }
+
+  uint64_t With(uint64_t v, WorkerId d) {
+    if (!compact_) return v | (uint64_t{1} << d);
+    if (v == 0) return MakeInline(&d, 1);
+    if ((v & kTagMask) == kInlineTag) {
+      WorkerId ids[4];
+      const uint32_t count = InlineCount(v);
+      for (uint32_t i = 0; i < count; ++i) ids[i] = InlineId(v, i);
+      ids[count] = d;
+      std::sort(ids, ids + count + 1);
+      if (count < 3) return MakeInline(ids, count + 1);
+      const uint64_t pooled = AllocatePooled();
+      for (WorkerId id : ids) Pooled(pooled)[id / 64] |= uint64_t{1} << (id % 64);
+      return pooled;
+    }
+    Pooled(v)[d / 64] |= uint64_t{1} << (d % 64);
+    return v;
+  }
+
+  uint64_t Without(uint64_t v, WorkerId d) {
+    if (!compact_) return v & ~(uint64_t{1} << d);
+    WorkerId ids[4];
+    uint32_t count = 0;
+    if ((v & kTagMask) == kInlineTag) {
+      for (uint32_t i = 0; i < InlineCount(v); ++i) {
+        if (InlineId(v, i) != d) ids[count++] = InlineId(v, i);
+      }
+      return count == 0 ? 0 : MakeInline(ids, count);
+    }
+    uint64_t* words = Pooled(v);
+    words[d / 64] &= ~(uint64_t{1} << (d % 64));
+    uint32_t members = 0;
+    for (uint32_t w = 0; w < words_; ++w) members += static_cast<uint32_t>(__builtin_popcountll(words[w]));
+    if (members > 3) return v;
+    ForEachWorker(v, [&](WorkerId id) { ids[count++] = id; });
+    std::memset(words, 0, words_ * sizeof(uint64_t));
+    free_pool_.push_back(static_cast<uint32_t>(v >> 2));
+    return MakeInline(ids, count);
+  }
+
+  uint64_t AllocatePooled() {
+    uint64_t index;
+    if (!free_pool_.empty()) {
+      index = free_pool_.back();
+      free_pool_.pop_back();
+    } else {
+      index = pool_.size() / words_;
+      pool_.resize(pool_.size() + words_, 0);
+    }
+    return kPooledTag | (index << 2);
+  }
+
+  // --- overlap search ------------------------------------------------------
+  // Invariant: `lo_set` holds prefix[lo], `hi_set` holds prefix[hi]. Workers
+  // in lo_set but not hi_set stop somewhere in (lo, hi].
+  void Bisect(std::span<const BlockHash> prefix, size_t lo, size_t hi, uint64_t lo_set,
+              uint64_t hi_set, std::span<uint32_t> out) const {
     while (true) {
-      if (SameMask(lo_mask, hi_mask)) return;  // no step inside (lo, hi]
+      if (SameSet(lo_set, hi_set)) return;
       if (hi - lo == 1) {
-        Assign(lo_mask, hi_mask, static_cast<uint32_t>(hi), out);
+        ForEachWorker(lo_set, [&](WorkerId d) {
+          if (d < out.size() && !Holds(hi_set, d)) out[d] = static_cast<uint32_t>(hi);
+        });
         return;
       }
       const size_t mid = lo + (hi - lo) / 2;
-      const uint64_t* mid_mask = FindOrZero(prefix[mid]);
-      // Recurse into the smaller-index half, loop on the other.
-      Bisect(prefix, lo, mid, lo_mask, mid_mask, out);
+      const uint64_t mid_set = Lookup(prefix[mid]);
+      Bisect(prefix, lo, mid, lo_set, mid_set, out);
       lo = mid;
-      lo_mask = mid_mask;
+      lo_set = mid_set;
     }
   }
 
+  // --- table maintenance -------------------------------------------------
   void Rehash(size_t capacity) {
     std::vector<uint64_t> old_keys = std::move(keys_);
-    std::vector<uint64_t> old_masks = std::move(masks_);
-    const size_t old_capacity = old_keys.size();
+    std::vector<uint64_t> old_values = std::move(values_);
     keys_.assign(capacity, 0);
-    masks_.assign(capacity * words_, 0);
-    zeros_.assign(words_, 0);
+    values_.assign(capacity, 0);
     mask_ = capacity - 1;
-    for (size_t slot = 0; slot < old_capacity; ++slot) {
-      const uint64_t* m = old_masks.data() + slot * words_;
-      if (IsEmpty(m)) continue;
+    for (size_t slot = 0; slot < old_keys.size(); ++slot) {
+      if (old_values[slot] == 0) continue;
       size_t to = Home(old_keys[slot]);
-      while (!IsEmpty(Mask(to))) to = (to + 1) & mask_;
+      while (values_[to] != 0) to = (to + 1) & mask_;
       keys_[to] = old_keys[slot];
-      std::memcpy(Mask(to), m, words_ * sizeof(uint64_t));
+      values_[to] = old_values[slot];
     }
   }
 
   // Backward-shift deletion keeps every probe chain unbroken.
   void RemoveSlot(size_t hole) {
     --size_;
+    values_[hole] = 0;
     size_t next = (hole + 1) & mask_;
-    while (!IsEmpty(Mask(next))) {
+    while (values_[next] != 0) {
       const size_t home = Home(keys_[next]);
-      // Move `next` into the hole unless its home lies cyclically in (hole, next].
-      const bool stays = hole < next ? (home > hole && home <= next) : (home > hole || home <= next);
+      // `next` may move into the hole unless its home lies cyclically in (hole, next].
+      const bool stays =
+          hole < next ? (home > hole && home <= next) : (home > hole || home <= next);
       if (!stays) {
         keys_[hole] = keys_[next];
-        std::memcpy(Mask(hole), Mask(next), words_ * sizeof(uint64_t));
+        values_[hole] = values_[next];
+        values_[next] = 0;
         hole = next;
       }
       next = (next + 1) & mask_;
     }
-    std::memset(Mask(hole), 0, words_ * sizeof(uint64_t));
   }
 
   uint32_t num_workers_;
   uint32_t words_;
+  bool compact_;
   size_t mask_ = 0;
   size_t size_ = 0;
   std::vector<uint64_t> keys_;
-  std::vector<uint64_t> masks_;
-  std::vector<uint64_t> zeros_;
+  std::vector<uint64_t> values_;
+  std::vector<uint64_t> pool_;        // words_ words per pooled set
+  std::vector<uint32_t> free_pool_;   // recycled pool entries
 };
 
 }  // namespace kvc_router::index_detail

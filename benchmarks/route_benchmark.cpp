@@ -1,0 +1,71 @@
+// BM_Route / BM_RouteNaive: Algorithm 1 end to end (lock, blacklist, overlap,
+// score, tie-breaks) over the fast index and over the literal set
+// intersection of the naive index, on the same population.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <mutex>
+
+#include "bench_support.hpp"
+
+namespace kvc_router::bench {
+namespace {
+
+void RouteArgs(benchmark::internal::Benchmark* b, uint64_t max_work) {
+  for (int64_t workers : {1, 2, 4, 8, 16, 32, 64, 128, 256}) {
+    for (int64_t blocks : {64, 256, 1024, 4096, 16384}) {
+      if (static_cast<uint64_t>(workers * blocks) <= max_work) b->Args({workers, blocks});
+    }
+  }
+}
+
+void BM_Route(benchmark::State& state) {
+  const auto workers = static_cast<uint32_t>(state.range(0));
+  const auto blocks = static_cast<size_t>(state.range(1));
+  RouteSetup<FastIndex> setup =
+      BuildRouteSetup(workers, blocks, FastIndex(workers, 0, RouterConfig{}.block_tokens));
+  WorkerId chosen = kNoWorker;
+  for (auto _ : state) {
+    const RouteChoice choice = Route(*setup.state, setup.request);
+    benchmark::DoNotOptimize(choice);
+    chosen = choice.worker;
+  }
+  if (chosen != setup.pinned) state.SkipWithError("Route did not choose the pinned worker");
+  const uint64_t entries = setup.state->ReadIndex([](const FastIndex& i) { return i.entries(); });
+  const size_t bytes = setup.state->ReadIndex([](const FastIndex& i) { return i.memory_bytes(); });
+  state.counters["entries"] = static_cast<double>(entries);
+  state.counters["bytes_per_entry"] = static_cast<double>(bytes) / static_cast<double>(entries);
+}
+BENCHMARK(BM_Route)->Apply([](auto* b) { RouteArgs(b, ~uint64_t{0}); });
+
+void BM_RouteNaive(benchmark::State& state) {
+  const auto workers = static_cast<uint32_t>(state.range(0));
+  const auto blocks = static_cast<size_t>(state.range(1));
+  RouteSetup<NaiveIndex> setup = BuildRouteSetup(workers, blocks, NaiveIndex(workers));
+  WorkerId chosen = kNoWorker;
+  for (auto _ : state) {
+    const RouteChoice choice = Route(*setup.state, setup.request);
+    benchmark::DoNotOptimize(choice);
+    chosen = choice.worker;
+  }
+  if (chosen != setup.pinned) state.SkipWithError("naive Route did not choose the pinned worker");
+}
+// The literal intersection costs |D| * blocks ordered-set look-ups: capped.
+BENCHMARK(BM_RouteNaive)->Apply([](auto* b) { RouteArgs(b, 8 * 16384); });
+
+// Two gateway threads routing against one shared state.
+void BM_RouteShared(benchmark::State& state) {
+  static std::once_flag once;
+  static std::unique_ptr<RouteSetup<FastIndex>> shared;
+  std::call_once(once, [] {
+    shared = std::make_unique<RouteSetup<FastIndex>>(
+        BuildRouteSetup(8, 4096, FastIndex(8, 0, RouterConfig{}.block_tokens)));
+  });
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(Route(*shared->state, shared->request));
+  }
+}
+BENCHMARK(BM_RouteShared)->ArgNames({"D8_blocks4096"})->Arg(0)->Threads(1)->Threads(2)->UseRealTime();
+
+}  // namespace
+}  // namespace kvc_router::bench
