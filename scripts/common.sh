@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared helpers for scripts/test.sh and scripts/run.sh. Source, don't execute.
 #
 # Environment overrides:

@@ -15,6 +15,7 @@ source "./scripts/common.sh"
 cd "${KVC_ROOT}"
 
 kvc_log "configure + build minimal_gateway (build/release)"
+# shellcheck disable=SC2119  # no extra cmake args
 kvc_configure_release >&2
 cmake --build build/release --parallel "${KVC_JOBS}" --target minimal_gateway >&2
 

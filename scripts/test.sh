@@ -38,6 +38,7 @@ trap on_exit EXIT
 # ---------------------------------------------------------------------------
 STAGE="release build"
 kvc_log "release: configure + build (build/release, ${KVC_GENERATOR}, -j${KVC_JOBS})"
+# shellcheck disable=SC2119  # no extra cmake args
 kvc_configure_release
 cmake --build build/release --parallel "${KVC_JOBS}"
 
