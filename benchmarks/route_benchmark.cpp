@@ -5,6 +5,10 @@
 
 #include <memory>
 #include <mutex>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "bench_support.hpp"
 
@@ -52,6 +56,57 @@ void BM_RouteNaive(benchmark::State& state) {
 }
 // The literal intersection costs |D| * blocks ordered-set look-ups: capped.
 BENCHMARK(BM_RouteNaive)->Apply([](auto* b) { RouteArgs(b, 8 * 16384); });
+
+// A second literal baseline: the same set intersection over hash sets
+// instead of NaiveIndex's ordered sets, so the ratio does not just measure
+// std::map against a hash table.
+class HashSetIndex {
+ public:
+  explicit HashSetIndex(uint32_t workers) : workers_(workers) {}
+  size_t num_workers() const { return workers_.size(); }
+  void Overlap(std::span<const BlockHash> prefix, std::span<uint32_t> out) const {
+    for (size_t d = 0; d < workers_.size(); ++d) {
+      uint32_t count = 0;
+      for (BlockHash hash : prefix) count += workers_[d].refs.contains(hash) ? 1 : 0;
+      out[d] = count;
+    }
+  }
+  void Learn(WorkerId d, SessionId s, std::span<const BlockHash> hashes) {
+    ForgetSession(d, s);
+    auto& blocks = workers_[d].sessions[s];
+    blocks.assign(hashes.begin(), hashes.end());
+    for (BlockHash hash : hashes) ++workers_[d].refs[hash];
+  }
+  void ForgetSession(WorkerId d, SessionId s) {
+    auto it = workers_[d].sessions.find(s);
+    if (it == workers_[d].sessions.end()) return;
+    for (BlockHash hash : it->second) {
+      if (--workers_[d].refs[hash] == 0) workers_[d].refs.erase(hash);
+    }
+    workers_[d].sessions.erase(it);
+  }
+
+ private:
+  struct Worker {
+    absl::flat_hash_map<BlockHash, uint32_t> refs;
+    absl::flat_hash_map<SessionId, std::vector<BlockHash>> sessions;
+  };
+  std::vector<Worker> workers_;
+};
+
+void BM_RouteHashSet(benchmark::State& state) {
+  const auto workers = static_cast<uint32_t>(state.range(0));
+  const auto blocks = static_cast<size_t>(state.range(1));
+  RouteSetup<HashSetIndex> setup = BuildRouteSetup(workers, blocks, HashSetIndex(workers));
+  WorkerId chosen = kNoWorker;
+  for (auto _ : state) {
+    const RouteChoice choice = Route(*setup.state, setup.request);
+    benchmark::DoNotOptimize(choice);
+    chosen = choice.worker;
+  }
+  if (chosen != setup.pinned) state.SkipWithError("hash-set Route did not choose the pinned worker");
+}
+BENCHMARK(BM_RouteHashSet)->Apply([](auto* b) { RouteArgs(b, 8 * 16384); });
 
 // Two gateway threads routing against one shared state.
 void BM_RouteShared(benchmark::State& state) {

@@ -95,7 +95,11 @@ def main():
           f"{context.get('date', '')}\n")
     print("| benchmark | median | items/s or bytes/s | counters |")
     print("|---|---|---|---|")
-    for name, b in sorted(results.items()):
+    def order(item):
+        parts = item[0].split("/")
+        return [parts[0]] + [int(p) if p.isdigit() else 0 for p in parts[1:]]
+
+    for name, b in sorted(results.items(), key=order):
         rate = ""
         if "bytes_per_second" in b:
             rate = f"{b['bytes_per_second'] / 1e9:.2f} GB/s"
@@ -105,19 +109,21 @@ def main():
             f"{k}={b[k]:.1f}" for k in ("bytes_per_entry",) if k in b)
         print(f"| {name} | {fmt_time(ns(b))} | {rate} | {counters} |")
     fast = route_grid(results, "BM_Route")
-    naive = route_grid(results, "BM_RouteNaive")
-    print("\n| BM_RouteNaive / BM_Route | " + " | ".join(
-        f"{n} blocks" for n in sorted({n for _, n in naive})) + " |")
-    blocks = sorted({n for _, n in naive})
-    print("|---|" + "---|" * len(blocks))
-    for d in sorted({d for d, _ in naive}):
-        row = []
-        for n in blocks:
-            if (d, n) in naive and (d, n) in fast:
-                row.append(f"{naive[(d, n)] / fast[(d, n)]:.0f}x")
-            else:
-                row.append("")
-        print(f"| |D| = {d} | " + " | ".join(row) + " |")
+    for baseline in ("BM_RouteNaive", "BM_RouteHashSet"):
+        slow = route_grid(results, baseline)
+        if not slow:
+            continue
+        blocks = sorted({n for _, n in slow})
+        print(f"\n| {baseline} / BM_Route | " + " | ".join(f"{n} blocks" for n in blocks) + " |")
+        print("|---|" + "---|" * len(blocks))
+        for d in sorted({d for d, _ in slow}):
+            row = []
+            for n in blocks:
+                if (d, n) in slow and (d, n) in fast:
+                    row.append(f"{slow[(d, n)] / fast[(d, n)]:.0f}x")
+                else:
+                    row.append("")
+            print(f"| D={d} | " + " | ".join(row) + " |")
     if fast:
         plot(fast, sys.argv[2])
 

@@ -112,6 +112,8 @@ TEST_CASE("release and LRU eviction free whole idle sessions", "[admit]") {
   // Session 2 still runs, so it is skipped; 1 is older than 3.
   CHECK(d.EvictLeastRecentlyUsed(450) == std::vector<SessionId>{1});
   CHECK(d.free_tokens() == 500);
+  // A session asking for room for itself is spared.
+  CHECK(d.EvictLeastRecentlyUsedExcept(900, /*keep=*/3).empty());
   CHECK(d.EvictLeastRecentlyUsed(900) == std::vector<SessionId>{3});
   CHECK(d.num_sessions() == 1);
   CHECK(d.ReleaseSession(2).ok());

@@ -135,20 +135,11 @@ class AdmissionController {
   // until `tokens_needed` tokens are free below rho*K_d or nothing idle is
   // left. Returns the evicted sessions in eviction order.
   std::vector<SessionId> EvictLeastRecentlyUsed(uint64_t tokens_needed) {
-    std::vector<SessionId> evicted;
-    for (auto it = lru_.begin(); it != lru_.end() && free_tokens() < tokens_needed;) {
-      const SessionId id = it->second;
-      auto session = sessions_.find(id);
-      if (session->second.running > 0) {
-        ++it;
-        continue;
-      }
-      used_tokens_ -= session->second.tokens;
-      sessions_.erase(session);
-      it = lru_.erase(it);
-      evicted.push_back(id);
-    }
-    return evicted;
+    return Evict(tokens_needed, /*spare=*/false, 0);
+  }
+  // The same, but never evicts `keep` (a resident session making room for itself).
+  std::vector<SessionId> EvictLeastRecentlyUsedExcept(uint64_t tokens_needed, SessionId keep) {
+    return Evict(tokens_needed, /*spare=*/true, keep);
   }
 
   bool IsResident(SessionId session_id) const { return sessions_.contains(session_id); }
@@ -175,6 +166,23 @@ class AdmissionController {
 
   explicit AdmissionController(const AdmissionConfig& config)
       : config_(config), budget_tokens_(config.budget_tokens()) {}
+
+  std::vector<SessionId> Evict(uint64_t tokens_needed, bool spare, SessionId keep) {
+    std::vector<SessionId> evicted;
+    for (auto it = lru_.begin(); it != lru_.end() && free_tokens() < tokens_needed;) {
+      const SessionId id = it->second;
+      auto session = sessions_.find(id);
+      if (session->second.running > 0 || (spare && id == keep)) {
+        ++it;
+        continue;
+      }
+      used_tokens_ -= session->second.tokens;
+      sessions_.erase(session);
+      it = lru_.erase(it);
+      evicted.push_back(id);
+    }
+    return evicted;
+  }
 
   void Touch(SessionId id, Session& session) {
     if (session.last_use != 0) lru_.erase(session.last_use);

@@ -1,0 +1,150 @@
+// kvc_router/policy/policy.hpp
+//
+// One interface for every routing policy the simulator compares: the
+// KVC-Router (v2 and v1), vanilla P/D disaggregation, SGLang-style
+// cache-aware data parallelism, and later the EAR family (round-robin,
+// load_only, LMetric, sticky, unified, EAR with session migration).
+//
+// A policy sees the cluster through `ClusterView`: the topology, each
+// instance's observable load (running requests, pending prefill tokens, KV
+// use: what a real gateway can scrape from its workers), the clock, and the
+// decode workers' admission RPC (Algorithm 2), whose successful answer books
+// the session on that worker exactly as a real worker would. For each
+// request the policy returns a `Placement`: which prefill worker (if any) and
+// which decode worker or colocated instance serve it, how the instance keeps
+// the request's KV (`Booking`), the admission attempts and rejections it
+// made, and, for policies that move sessions, the instance to migrate the
+// session's KV from. `OnFinished` is called exactly once per placed request;
+// `OnEvicted` reports sessions an instance dropped from its KV pool, after
+// the call that caused the eviction returned (never re-entrantly).
+//
+// The interface is runtime-polymorphic so a command line can pick policies by
+// name (policy/registry.hpp); the policies themselves are I/O-free.
+//
+//   std::unique_ptr<kvc_router::policy::RoutingPolicy> p = ...;
+//   absl::StatusOr<kvc_router::policy::Placement> where = p->Place(request, cluster);
+//   ... run it ...
+//   p->OnFinished(request, *where, cluster);
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::policy {
+
+enum class Topology : uint8_t {
+  // |P| prefill workers and |D| decode workers; KV moves P -> D.
+  kDisaggregated,
+  // Symmetric instances that prefill and decode (EAR's setting); no P pool.
+  kColocated,
+};
+
+inline std::string_view TopologyName(Topology topology) {
+  return topology == Topology::kDisaggregated ? "disaggregated" : "colocated";
+}
+
+// What a gateway can observe about one decode worker or colocated instance.
+struct InstanceLoad {
+  // Requests placed on it and not finished (including those waiting for KV memory).
+  uint32_t running_requests = 0;
+  // Of those, requests waiting for KV memory before they can start.
+  uint32_t waiting_requests = 0;
+  // Prefill tokens queued or running on it.
+  uint64_t pending_prefill_tokens = 0;
+  // KV pool use and size, tokens.
+  uint64_t used_kv_tokens = 0;
+  uint64_t capacity_kv_tokens = 0;
+};
+
+class ClusterView {
+ public:
+  virtual ~ClusterView() = default;
+  virtual Topology topology() const = 0;
+  // 0 on the colocated topology.
+  virtual uint32_t num_prefill_workers() const = 0;
+  // Decode workers (disaggregated) or instances (colocated), ids 0..n-1.
+  virtual uint32_t num_instances() const = 0;
+  virtual InstanceLoad instance_load(WorkerId instance) const = 0;
+  virtual InstanceLoad prefill_load(WorkerId prefill) const = 0;
+  // Current time, seconds since the start of the replay.
+  virtual double now_s() const = 0;
+  // Algorithm 2 on `instance`, as the admission RPC. An admitted answer
+  // books the session there. A non-OK status means the RPC got no answer.
+  virtual absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) = 0;
+};
+
+// A request as a policy sees it.
+struct PolicyRequest {
+  // Unique within a replay.
+  uint64_t id = 0;
+  // Session, turn, prefix and appended blocks, append tokens.
+  Request request;
+  uint64_t input_tokens = 0;
+  // The full blocks of the whole input (prefix followed by appended blocks).
+  std::span<const BlockHash> input_hashes;
+  // The input blocks followed by the blocks the output completes: what the
+  // serving worker holds for the session once the turn finished.
+  std::span<const BlockHash> context_hashes;
+};
+
+// How the serving instance keeps the request's KV.
+enum class Booking : uint8_t {
+  // The instance admitted the session through ClusterView::Admit (KVC): the
+  // session stays resident after the request, until evicted.
+  kAdmitted,
+  // No admission gate: the instance takes the request (waiting for memory if
+  // it must) and keeps the session's KV in its prefix cache afterwards. The
+  // simulator classifies the mode itself: Direct when the session's context
+  // was resident there, else Seed (turn 0) or Reseed.
+  kSession,
+  // Plain P/D: the KV lives only while the request runs; nothing is reused.
+  kTransient,
+};
+
+struct Placement {
+  // Direct, Seed or Reseed from admission; Fallback for KVC's last resort.
+  // For kSession bookings the simulator overwrites it (see Booking).
+  DecisionMode mode = DecisionMode::kFallback;
+  // The prefill worker, or kNoWorker when the instance prefills itself.
+  WorkerId prefill = kNoWorker;
+  // The decode worker or colocated instance.
+  WorkerId instance = kNoWorker;
+  Booking booking = Booking::kTransient;
+  // Admission RPCs made (each costs a round trip) and their rejections.
+  uint32_t admit_attempts = 0;
+  std::array<uint32_t, kNumRejectReasons> rejections{};
+  // Session migration (EAR): move the session's KV from this instance to
+  // `instance` before serving. kNoWorker: no migration. Reserved for the EAR
+  // policies; the current simulator refuses placements that set it.
+  WorkerId migrate_from = kNoWorker;
+};
+
+class RoutingPolicy {
+ public:
+  virtual ~RoutingPolicy() = default;
+  // The name it is selected by (kvc, kvc-v1, pd, dp, ...).
+  virtual std::string_view name() const = 0;
+  virtual Topology topology() const = 0;
+  // True when the policy relies on decode-worker admission (Algorithm 2):
+  // the workers then enforce tau_append; otherwise they take any append.
+  virtual bool uses_admission() const { return false; }
+  virtual absl::StatusOr<Placement> Place(const PolicyRequest& request, ClusterView& cluster) = 0;
+  virtual void OnFinished(const PolicyRequest& request, const Placement& placement,
+                          ClusterView& cluster) {
+    (void)request;
+    (void)placement;
+    (void)cluster;
+  }
+  virtual void OnEvicted(WorkerId instance, SessionId session) {
+    (void)instance;
+    (void)session;
+  }
+};
+
+}  // namespace kvc_router::policy

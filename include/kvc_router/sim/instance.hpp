@@ -1,0 +1,203 @@
+// kvc_router/sim/instance.hpp
+//
+// The simulated workers. A `SimInstance` is a decode worker (P/D topology)
+// or a colocated instance; a `SimPrefillWorker` is a member of the P pool.
+//
+// An instance's KV pool IS the library's AdmissionController: it answers
+// the router's admission RPCs (Algorithm 2) and books every request that
+// occupies KV there, so the pool can never pass rho*K_d. Three kinds of
+// occupants:
+//  * sessions admitted by the KVC router, or taken by a cache-keeping policy:
+//    booked under the session id, they stay resident after their request
+//    (the session-aware cache) until evicted, least recently used first;
+//  * transient requests (plain P/D, KVC's Fallback): booked under a pseudo
+//    session id for input + output tokens and released when they finish.
+// When an admission is short of room only because of idle sessions, the
+// instance evicts idle sessions (never the one asking) and decides again:
+// a real worker's evictable cache does not block admission.
+//
+// Cache hits come from this pool, never from a router's estimate: a request
+// reuses min(reusable tokens, tokens the instance holds for its session)
+// when the instance holds the same context generation, or the leading run
+// of its blocks that any resident session holds (a radix-cache-like shared
+// prefix such as a system prompt), whichever is larger.
+//
+// Work lanes: one FIFO prefill lane per worker (its busy-until time), one
+// FIFO inbound KV link per decode worker, and a decode batch whose size and
+// total context set the step time.
+//
+// Single-threaded; owned by the Simulator.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvc_router/admit.hpp"
+#include "kvc_router/config.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::sim {
+
+// Pseudo session ids of transient bookings: the high bit never appears in
+// trace session ids.
+inline constexpr SessionId kTransientSessionBit = SessionId{1} << 63;
+
+class SimInstance {
+ public:
+  SimInstance(AdmissionController admission, bool prefix_cache, uint32_t block_tokens)
+      : admission_(std::move(admission)), prefix_cache_(prefix_cache), block_tokens_(block_tokens) {}
+
+  // Tokens a request of `session` would reuse here now (see the file comment).
+  uint64_t CachedTokens(SessionId session, uint32_t segment, uint64_t reusable_tokens,
+                        std::span<const BlockHash> input_chain, uint64_t input_tokens) const {
+    if (!prefix_cache_) return 0;
+    uint64_t session_hit = 0;
+    if (auto it = held_.find(session); it != held_.end() && it->second.segment == segment) {
+      session_hit = std::min(reusable_tokens, admission_.resident_tokens(session));
+    }
+    size_t run = 0;
+    while (run < input_chain.size() && block_refs_.contains(input_chain[run])) ++run;
+    const uint64_t block_hit = static_cast<uint64_t>(run) * block_tokens_;
+    return std::min(input_tokens, std::max(session_hit, block_hit));
+  }
+
+  // True when the instance holds the session's KV of context generation `segment`.
+  bool HoldsContext(SessionId session, uint32_t segment) const {
+    auto it = held_.find(session);
+    return it != held_.end() && it->second.segment == segment && admission_.IsResident(session);
+  }
+
+  // Algorithm 2 with eviction of idle sessions (never `query.session`) when
+  // only they stand in the way. Books on success. Evicted sessions are
+  // appended to `evicted`.
+  AdmitResult AdmitEvicting(const AdmitQuery& query, std::vector<SessionId>& evicted) {
+    absl::StatusOr<AdmitResult> result = admission_.Admit(query);
+    if (!result.ok()) return AdmitResult::Rejected(RejectReason::kNoDCapacity);
+    if (result->admitted) return *result;
+    if (result->reason != RejectReason::kNoDCapacity &&
+        result->reason != RejectReason::kSessionNotResidentNoCapacity) {
+      return *result;
+    }
+    const bool resident = admission_.IsResident(query.session);
+    const uint64_t held = admission_.resident_tokens(query.session);
+    const uint64_t needed =
+        resident && admission_.config().accounting == CapacityAccounting::kIncremental
+            ? query.input_tokens - std::min(query.input_tokens, held)
+            : query.input_tokens;
+    if (needed > admission_.budget_tokens()) return *result;
+    if (admission_.free_tokens() >= needed) return *result;
+    EvictIdle(needed, resident ? query.session : kNoSession, evicted);
+    result = admission_.Admit(query);
+    if (!result.ok()) return AdmitResult::Rejected(RejectReason::kNoDCapacity);
+    return *result;
+  }
+
+  // The session now holds `chain` (context generation `segment`) here.
+  void HoldChain(SessionId session, uint32_t segment, std::span<const BlockHash> chain) {
+    if (!prefix_cache_) return;
+    Held& held = held_[session];
+    const std::span<const BlockHash> old = held.chain;
+    size_t keep = 0;
+    if (held.segment == segment && !old.empty() && old.size() <= chain.size() &&
+        chain[old.size() - 1] == old.back()) {
+      keep = old.size();
+    } else {
+      for (BlockHash hash : old) Unref(hash);
+    }
+    for (size_t i = keep; i < chain.size(); ++i) ++block_refs_[chain[i]];
+    held.segment = segment;
+    held.chain = chain;
+  }
+
+  // A request of a booked session finished: its output joins the session's
+  // KV if the pool has room below rho*K_d (idle sessions are evicted for it),
+  // and the session becomes idle.
+  void FinishSessionRequest(SessionId session, uint32_t segment, uint64_t output_tokens,
+                            std::span<const BlockHash> context_chain,
+                            std::vector<SessionId>& evicted) {
+    if (!admission_.IsResident(session)) return;
+    if (output_tokens > 0) {
+      if (admission_.free_tokens() < output_tokens) {
+        // The finishing session is still running, so it is never chosen.
+        for (SessionId id : admission_.EvictLeastRecentlyUsed(output_tokens)) {
+          Dropped(id);
+          evicted.push_back(id);
+        }
+      }
+      if (admission_.free_tokens() >= output_tokens &&
+          admission_.AddTokens(session, output_tokens).ok()) {
+        HoldChain(session, segment, context_chain);
+      }
+    }
+    (void)admission_.OnRequestFinished(session);
+  }
+
+  void ReleaseTransient(SessionId pseudo) { (void)admission_.ReleaseSession(pseudo); }
+
+  // Drops a booked session's cache entry when it is released or evicted.
+  void Dropped(SessionId session) {
+    auto it = held_.find(session);
+    if (it == held_.end()) return;
+    for (BlockHash hash : it->second.chain) Unref(hash);
+    held_.erase(it);
+  }
+
+  const AdmissionController& admission() const { return admission_; }
+  AdmissionController& admission() { return admission_; }
+
+  // Work lanes and load, maintained by the Simulator.
+  double prefill_free_at = 0;
+  double link_free_at = 0;
+  uint64_t pending_prefill_tokens = 0;
+  uint32_t running_requests = 0;
+  uint64_t decode_batch = 0;
+  uint64_t decode_context_tokens = 0;
+  uint64_t peak_used_tokens = 0;
+  std::deque<uint32_t> waiting;  // requests waiting for KV memory, FIFO
+
+ private:
+  static constexpr SessionId kNoSession = ~SessionId{0};
+
+  struct Held {
+    uint32_t segment = 0;
+    std::span<const BlockHash> chain;
+  };
+
+  void Unref(BlockHash hash) {
+    auto it = block_refs_.find(hash);
+    if (it != block_refs_.end() && --it->second == 0) block_refs_.erase(it);
+  }
+
+  // Evicts idle sessions, least recently used first, until `needed` tokens
+  // are free below rho*K_d; `keep` (a resident session asking for room) is
+  // never evicted.
+  void EvictIdle(uint64_t needed, SessionId keep, std::vector<SessionId>& evicted) {
+    for (SessionId id : keep == kNoSession ? admission_.EvictLeastRecentlyUsed(needed)
+                                           : admission_.EvictLeastRecentlyUsedExcept(needed, keep)) {
+      Dropped(id);
+      evicted.push_back(id);
+    }
+  }
+
+  AdmissionController admission_;
+  bool prefix_cache_;
+  uint32_t block_tokens_;
+  // Blocks held by resident sessions, with the number of sessions holding each.
+  absl::flat_hash_map<BlockHash, uint32_t> block_refs_;
+  absl::flat_hash_map<SessionId, Held> held_;
+};
+
+struct SimPrefillWorker {
+  double free_at = 0;
+  uint64_t pending_prefill_tokens = 0;
+  uint32_t running_requests = 0;
+};
+
+}  // namespace kvc_router::sim

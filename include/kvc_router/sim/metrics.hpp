@@ -1,0 +1,119 @@
+// kvc_router/sim/metrics.hpp
+//
+// What one replay of one policy measured (`PolicyResult`), and the summary
+// statistics used to report it. Percentiles interpolate linearly between
+// order statistics (the "type 7" definition of R and NumPy), over every
+// finished request. All fields are derived from the simulated run only, so
+// two runs with the same inputs give identical results.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kvc_router/policy/policy.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::sim {
+
+// Percentile `q` in [0, 1] of `sorted` (ascending); NaN when empty.
+inline double SortedPercentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return std::numeric_limits<double>::quiet_NaN();
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
+}
+
+struct Summary {
+  double p50 = 0, p90 = 0, p99 = 0, mean = 0, max = 0;
+
+  // Sorts `values` in place.
+  static Summary Of(std::vector<double>& values) {
+    Summary s;
+    if (values.empty()) {
+      s.p50 = s.p90 = s.p99 = s.mean = s.max = std::numeric_limits<double>::quiet_NaN();
+      return s;
+    }
+    std::sort(values.begin(), values.end());
+    s.p50 = SortedPercentile(values, 0.50);
+    s.p90 = SortedPercentile(values, 0.90);
+    s.p99 = SortedPercentile(values, 0.99);
+    double sum = 0;
+    for (double v : values) sum += v;
+    s.mean = sum / static_cast<double>(values.size());
+    s.max = values.back();
+    return s;
+  }
+};
+
+struct PolicyResult {
+  std::string name;
+  policy::Topology topology = policy::Topology::kDisaggregated;
+  uint32_t prefill_workers = 0;
+  uint32_t instances = 0;
+
+  uint64_t requests = 0;
+  std::array<uint64_t, kNumDecisionModes> mode_counts{};
+  // Token accounting: input = cached + prefilled (on P or locally).
+  uint64_t input_tokens = 0;
+  uint64_t output_tokens = 0;
+  uint64_t cached_tokens = 0;
+  uint64_t prefill_tokens_remote = 0;  // prefilled on P workers
+  uint64_t prefill_tokens_local = 0;   // prefilled on the serving instance
+  uint64_t kv_transfer_tokens = 0;
+  uint64_t kv_transfer_bytes = 0;
+
+  Summary ttft_s;
+  Summary e2e_s;
+  std::array<Summary, kNumDecisionModes> ttft_by_mode_s{};
+  // TTFT p90 of each instance that served requests: median and max over them.
+  double worker_ttft_p90_median_s = 0;
+  double worker_ttft_p90_max_s = 0;
+
+  std::array<uint64_t, kNumRejectReasons> rejections{};
+  uint64_t admit_attempts = 0;
+  // Later turns placed (session-aware) on another instance than the one that
+  // served the session's previous session-aware turn.
+  uint64_t migrations = 0;
+  uint64_t evictions = 0;
+  // Requests that waited for KV memory before starting, and requests larger
+  // than an instance's whole budget (run without a booking).
+  uint64_t memory_waits = 0;
+  uint64_t oversize_requests = 0;
+  // Largest KV use seen on any instance, and the budget floor(rho*K_d).
+  uint64_t peak_used_tokens = 0;
+  uint64_t budget_tokens = 0;
+
+  double first_arrival_s = 0;
+  double makespan_s = 0;  // last finish - first arrival
+  double trace_span_s = 0;
+  // makespan / trace span; NaN when the trace has no span.
+  double amplification = 0;
+  uint64_t events = 0;
+
+  // Every request's TTFT, ascending (for CDF plots).
+  std::vector<double> ttft_sorted_s;
+
+  double mode_share(DecisionMode mode) const {
+    return requests == 0 ? 0.0
+                         : static_cast<double>(mode_counts[static_cast<int>(mode)]) /
+                               static_cast<double>(requests);
+  }
+  double hit_rate() const {
+    return input_tokens == 0 ? 0.0
+                             : static_cast<double>(cached_tokens) / static_cast<double>(input_tokens);
+  }
+  uint64_t total_rejections() const {
+    uint64_t total = 0;
+    for (uint64_t n : rejections) total += n;
+    return total;
+  }
+};
+
+}  // namespace kvc_router::sim

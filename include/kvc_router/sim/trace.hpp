@@ -1,0 +1,611 @@
+// kvc_router/sim/trace.hpp
+//
+// The workload the simulator replays, and the loaders that build it from
+// JSONL trace files.
+//
+// A `Trace` is a list of sessions, each a list of turns. Every turn knows its
+// token counts, its nominal timing (an absolute arrival for open-loop replay
+// and a delay after the previous turn for closed-loop replay), how many of
+// its leading input tokens are the session's own previous context
+// (`reusable_tokens`, the most a session-aware cache can save), and the
+// chained block hashes of its input and of the blocks its output completes.
+// Hashes live in one arena (`Trace::hashes`); turns of one context share a
+// range, so a long agentic session costs its hashes once, not once per turn.
+//
+// Formats (see data/traces/ and docs/simulator.md):
+//  * Mooncake: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`
+//    (one id per block of `block_tokens`, prefix-identifying). There are no
+//    session ids; sessions are rebuilt by longest shared prefix: a request
+//    whose ids start with all of an earlier request's ids (or all but its
+//    partial last block) continues it, unless the shared prefix is a "hub"
+//    that already branches into `hub_fanout` or more different next blocks
+//    (a shared system prompt). A request continues at most one earlier one,
+//    and each request has at most one continuation.
+//  * Multi-turn: `session_id`; a session's first line has `timestamp` (ms)
+//    and its whole prompt; later lines have `delay` (ms after the previous
+//    turn finished) and only their NEW tokens. A later prompt is the previous
+//    prompt + the previous output + the new tokens.
+// Unknown fields are ignored; a malformed line is an error naming the line,
+// and the loader returns no trace at all then.
+//
+// Trace ids become router block hashes by chaining: hash_i =
+// HashBlock(hash_{i-1}, id_i as two 32-bit words), so equal id prefixes give
+// equal hashes and a hash names its whole prefix, as the router expects.
+//
+//   absl::StatusOr<kvc_router::sim::Trace> trace = kvc_router::sim::LoadTraceFile(
+//       "data/traces/mooncake/conversation_trace.jsonl", kvc_router::sim::TraceFormat::kMooncake);
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <istream>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kvc_router/block_hash.hpp"
+#include "kvc_router/sim/json_line.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::sim {
+
+enum class TraceFormat : uint8_t { kMooncake, kMultiturn, kSynthetic };
+
+inline std::string_view TraceFormatName(TraceFormat format) {
+  switch (format) {
+    case TraceFormat::kMooncake:
+      return "mooncake";
+    case TraceFormat::kMultiturn:
+      return "multiturn";
+    case TraceFormat::kSynthetic:
+      return "synthetic";
+  }
+  return "unknown";
+}
+
+// Largest input or output of one line, and largest context of one session,
+// in tokens: bounds the memory a hostile trace can make the loader allocate.
+inline constexpr uint64_t kMaxTurnTokens = uint64_t{1} << 24;
+inline constexpr uint64_t kMaxSessionContextTokens = uint64_t{1} << 26;
+
+// Chains one trace block id onto `parent`.
+inline BlockHash ChainTraceId(BlockHash parent, uint64_t id) {
+  const TokenId words[2] = {static_cast<TokenId>(id), static_cast<TokenId>(id >> 32)};
+  return HashBlock(parent, std::span<const TokenId>(words, 2));
+}
+
+// A block id no trace id can collide with: block `index` of context `segment`.
+inline uint64_t SyntheticBlockId(uint64_t segment, uint64_t index) {
+  uint64_t z = (segment << 32) ^ index ^ 0xa5a5000000000000ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return (z ^ (z >> 31)) | (uint64_t{1} << 63);
+}
+
+struct TraceTurn {
+  uint32_t session = 0;    // index into Trace::sessions
+  uint32_t turn = 0;       // 0-based within the session
+  uint32_t line = 0;       // 1-based source line; generation order for synthetic traces
+  uint32_t segment = 0;    // context generation; a new one when the context restarts
+  double arrival_s = 0;    // nominal issue time for open-loop replay
+  double delay_s = 0;      // closed loop: wait after the previous turn finished
+  uint64_t input_tokens = 0;
+  uint64_t output_tokens = 0;
+  // Leading input tokens that are the session's previous context (same
+  // segment): what a worker holding the session's KV does not recompute.
+  uint64_t reusable_tokens = 0;
+  uint64_t hash_begin = 0;     // this turn's chain starts at Trace::hashes[hash_begin]
+  uint32_t prefix_blocks = 0;  // full blocks of the context before this turn's new tokens
+  uint32_t input_blocks = 0;   // full blocks of the whole input
+  uint32_t output_blocks = 0;  // further blocks completed by the output
+};
+
+struct TraceSession {
+  std::string name;
+  uint32_t first_turn = 0;  // turns of a session are contiguous in Trace::turns
+  uint32_t num_turns = 0;
+};
+
+struct Trace {
+  std::string description;
+  TraceFormat format = TraceFormat::kSynthetic;
+  uint32_t block_tokens = 512;
+  std::vector<BlockHash> hashes;
+  std::vector<TraceSession> sessions;
+  std::vector<TraceTurn> turns;
+
+  // The router's view of a turn: prefix, append and appended blocks.
+  Request MakeRequest(const TraceTurn& t) const {
+    Request request;
+    request.session = t.session;
+    request.turn = t.turn;
+    request.prefix_hashes = std::span<const BlockHash>(hashes).subspan(t.hash_begin, t.prefix_blocks);
+    request.appended_hashes = std::span<const BlockHash>(hashes).subspan(
+        t.hash_begin + t.prefix_blocks, t.input_blocks - t.prefix_blocks);
+    request.append_tokens = t.input_tokens - uint64_t{t.prefix_blocks} * block_tokens;
+    return request;
+  }
+  // Full blocks of the input.
+  std::span<const BlockHash> InputChain(const TraceTurn& t) const {
+    return std::span<const BlockHash>(hashes).subspan(t.hash_begin, t.input_blocks);
+  }
+  // Input blocks plus the blocks the output completes: what a worker holds
+  // for the session once the turn finished.
+  std::span<const BlockHash> ContextChain(const TraceTurn& t) const {
+    return std::span<const BlockHash>(hashes).subspan(t.hash_begin,
+                                                      t.input_blocks + t.output_blocks);
+  }
+
+  uint64_t total_input_tokens() const {
+    uint64_t total = 0;
+    for (const TraceTurn& t : turns) total += t.input_tokens;
+    return total;
+  }
+  uint64_t total_output_tokens() const {
+    uint64_t total = 0;
+    for (const TraceTurn& t : turns) total += t.output_tokens;
+    return total;
+  }
+  // Nominal span of the open-loop schedule (last minus first arrival).
+  double span_s() const {
+    if (turns.empty()) return 0;
+    double lo = turns.front().arrival_s, hi = lo;
+    for (const TraceTurn& t : turns) {
+      lo = std::min(lo, t.arrival_s);
+      hi = std::max(hi, t.arrival_s);
+    }
+    return hi - lo;
+  }
+  // Token-weighted hit rate of a session-aware cache that never evicts:
+  // sum(reusable) / sum(input).
+  double IdealSessionHitRate() const {
+    uint64_t reusable = 0, input = 0;
+    for (const TraceTurn& t : turns) {
+      reusable += t.reusable_tokens;
+      input += t.input_tokens;
+    }
+    return input == 0 ? 0.0 : static_cast<double>(reusable) / static_cast<double>(input);
+  }
+
+  // Checks the invariants every loader and generator must establish.
+  absl::Status Validate() const {
+    if (block_tokens == 0) return absl::InvalidArgumentError("trace: block_tokens must be >= 1");
+    if (turns.empty()) return absl::InvalidArgumentError("trace: no requests");
+    uint32_t expected_first = 0;
+    for (size_t s = 0; s < sessions.size(); ++s) {
+      const TraceSession& session = sessions[s];
+      if (session.first_turn != expected_first || session.num_turns == 0) {
+        return absl::InternalError(absl::StrCat("trace: session ", s, " has a bad turn range"));
+      }
+      expected_first += session.num_turns;
+      for (uint32_t k = 0; k < session.num_turns; ++k) {
+        const TraceTurn& t = turns[session.first_turn + k];
+        if (t.session != s || t.turn != k) {
+          return absl::InternalError(absl::StrCat("trace: turn ", session.first_turn + k,
+                                                  " is not turn ", k, " of session ", s));
+        }
+        if (t.prefix_blocks > t.input_blocks ||
+            uint64_t{t.input_blocks} * block_tokens > t.input_tokens ||
+            uint64_t{t.prefix_blocks} * block_tokens > t.reusable_tokens ||
+            t.reusable_tokens > t.input_tokens ||
+            t.hash_begin + t.input_blocks + t.output_blocks > hashes.size() ||
+            (k == 0 && t.reusable_tokens != 0) || !(t.delay_s >= 0) || !(t.arrival_s >= 0)) {
+          return absl::InternalError(absl::StrCat("trace: turn ", k, " of session ", s,
+                                                  " (line ", t.line, ") is inconsistent"));
+        }
+      }
+    }
+    if (expected_first != turns.size()) {
+      return absl::InternalError("trace: sessions do not cover every turn");
+    }
+    return absl::OkStatus();
+  }
+};
+
+struct TraceOptions {
+  // Tokens per trace block (Mooncake: 512).
+  uint32_t block_tokens = 512;
+  // Mooncake session rebuilding: a prefix that already branches into this
+  // many different next blocks is a shared prompt, not a conversation.
+  uint32_t hub_fanout = 8;
+};
+
+namespace detail {
+
+inline absl::Status LineError(uint64_t line, std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", std::string(what)));
+}
+
+inline absl::StatusOr<uint64_t> FieldUint(const JsonLine& json, std::string_view key,
+                                          uint64_t line, uint64_t max_value) {
+  const JsonValue* value = json.Find(key);
+  if (value == nullptr) {
+    return LineError(line, absl::StrCat("missing field \"", std::string(key), "\""));
+  }
+  uint64_t result = 0;
+  if (value->kind == JsonValue::Kind::kNumber && value->is_integer && value->integer >= 0) {
+    result = static_cast<uint64_t>(value->integer);
+  } else if (value->kind == JsonValue::Kind::kNumber && !value->is_integer &&
+             value->number >= 0 && value->number <= 9007199254740992.0 &&
+             value->number == static_cast<double>(static_cast<uint64_t>(value->number))) {
+    result = static_cast<uint64_t>(value->number);
+  } else {
+    return LineError(line, absl::StrCat("field \"", std::string(key),
+                                        "\" must be a non-negative integer"));
+  }
+  if (result > max_value) {
+    return LineError(line, absl::StrCat("field \"", std::string(key), "\" is ", result,
+                                        ", above the limit of ", max_value));
+  }
+  return result;
+}
+
+// A non-negative finite number, scaled (milliseconds -> seconds).
+inline absl::StatusOr<double> FieldSeconds(const JsonValue* value, std::string_view key,
+                                           uint64_t line, double scale) {
+  if (value->kind != JsonValue::Kind::kNumber || !(value->number >= 0)) {
+    return LineError(line, absl::StrCat("field \"", std::string(key),
+                                        "\" must be a non-negative number"));
+  }
+  return value->number * scale;
+}
+
+inline absl::StatusOr<const std::vector<int64_t>*> FieldIds(const JsonLine& json,
+                                                            std::string_view key, uint64_t line,
+                                                            bool required) {
+  const JsonValue* value = json.Find(key);
+  if (value == nullptr) {
+    if (required) {
+      return LineError(line, absl::StrCat("missing field \"", std::string(key), "\""));
+    }
+    return static_cast<const std::vector<int64_t>*>(nullptr);
+  }
+  if (value->kind != JsonValue::Kind::kIntArray) {
+    return LineError(line, absl::StrCat("field \"", std::string(key),
+                                        "\" must be an array of integers"));
+  }
+  for (int64_t id : value->integers) {
+    if (id < 0) {
+      return LineError(line, absl::StrCat("field \"", std::string(key),
+                                          "\" has a negative id ", id));
+    }
+  }
+  return &value->integers;
+}
+
+// Reads non-blank lines, calling `fn(line_number, text)`; stops at the first error.
+template <class Fn>
+absl::Status ForEachLine(std::istream& in, Fn&& fn) {
+  std::string text;
+  uint64_t line = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (absl::Status s = fn(line, std::string_view(text)); !s.ok()) return s;
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("read error after line ", line));
+  return absl::OkStatus();
+}
+
+inline absl::StatusOr<JsonLine> ParseLine(uint64_t line, std::string_view text) {
+  absl::StatusOr<JsonLine> json = JsonLine::Parse(text);
+  if (!json.ok()) return LineError(line, std::string(json.status().message()));
+  return json;
+}
+
+}  // namespace detail
+
+// Parses a Mooncake JSONL trace and rebuilds its sessions.
+inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOptions& options,
+                                                std::string description = "mooncake") {
+  if (options.block_tokens == 0) {
+    return absl::InvalidArgumentError("TraceOptions.block_tokens must be >= 1");
+  }
+  const uint64_t block = options.block_tokens;
+  struct Raw {
+    uint32_t line;
+    double arrival_s;
+    uint64_t input, output;
+    uint64_t id_begin;
+    uint32_t num_ids;
+  };
+  std::vector<Raw> raws;
+  std::vector<int64_t> ids;
+  absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
+    absl::StatusOr<JsonLine> json = detail::ParseLine(line, text);
+    if (!json.ok()) return json.status();
+    const JsonValue* ts = json->Find("timestamp");
+    if (ts == nullptr) return detail::LineError(line, "missing field \"timestamp\"");
+    absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+    if (!arrival.ok()) return arrival.status();
+    absl::StatusOr<uint64_t> input = detail::FieldUint(*json, "input_length", line, kMaxTurnTokens);
+    if (!input.ok()) return input.status();
+    absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
+    if (!output.ok()) return output.status();
+    absl::StatusOr<const std::vector<int64_t>*> hash_ids =
+        detail::FieldIds(*json, "hash_ids", line, /*required=*/true);
+    if (!hash_ids.ok()) return hash_ids.status();
+    const uint64_t expected = (*input + block - 1) / block;
+    if ((*hash_ids)->size() != expected) {
+      return detail::LineError(
+          line, absl::StrCat("\"hash_ids\" has ", (*hash_ids)->size(), " ids but input_length ",
+                             *input, " needs ", expected, " blocks of ", block,
+                             " tokens (is the block size right?)"));
+    }
+    if (!raws.empty() && *arrival < raws.back().arrival_s) {
+      return detail::LineError(line, "timestamps must not decrease");
+    }
+    if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
+    raws.push_back(Raw{static_cast<uint32_t>(line), *arrival, *input, *output, ids.size(),
+                       static_cast<uint32_t>((*hash_ids)->size())});
+    ids.insert(ids.end(), (*hash_ids)->begin(), (*hash_ids)->end());
+    return absl::OkStatus();
+  });
+  if (!read.ok()) return read;
+  if (raws.empty()) return absl::InvalidArgumentError("mooncake trace: no requests");
+
+  // Rebuild sessions. `ends_with[id]`: the latest request whose last id is
+  // `id`; `ends_before_partial[id]`: the latest one whose last block is
+  // partial and whose second-to-last id is `id`.
+  absl::flat_hash_map<int64_t, uint32_t> ends_with, ends_before_partial;
+  // Distinct next ids seen after each id, up to hub_fanout of them.
+  absl::flat_hash_map<int64_t, std::vector<int64_t>> children;
+  std::vector<uint32_t> predecessor(raws.size(), UINT32_MAX);
+  std::vector<uint32_t> matched_blocks(raws.size(), 0);
+  std::vector<bool> has_successor(raws.size(), false);
+  const size_t fanout = std::max<uint32_t>(options.hub_fanout, 1);
+  for (uint32_t r = 0; r < raws.size(); ++r) {
+    const Raw& raw = raws[r];
+    const int64_t* x = ids.data() + raw.id_begin;
+    for (int64_t i = static_cast<int64_t>(raw.num_ids) - 1; i >= 0; --i) {
+      auto kids = children.find(x[i]);
+      if (kids != children.end() && kids->second.size() >= fanout) break;  // a hub
+      uint32_t candidate = UINT32_MAX;
+      if (auto it = ends_with.find(x[i]); it != ends_with.end() &&
+                                          raws[it->second].num_ids == static_cast<uint32_t>(i + 1)) {
+        candidate = it->second;
+      } else if (auto jt = ends_before_partial.find(x[i]);
+                 jt != ends_before_partial.end() &&
+                 raws[jt->second].num_ids == static_cast<uint32_t>(i + 2)) {
+        candidate = jt->second;
+      }
+      if (candidate == UINT32_MAX) continue;
+      if (!has_successor[candidate]) {
+        predecessor[r] = candidate;
+        has_successor[candidate] = true;
+        // Reusable blocks: the shared ids that were full blocks of the predecessor.
+        matched_blocks[r] = std::min<uint32_t>(static_cast<uint32_t>(i + 1),
+                                               static_cast<uint32_t>(raws[candidate].input / block));
+      }
+      break;
+    }
+    for (uint32_t j = 0; j + 1 < raw.num_ids; ++j) {
+      std::vector<int64_t>& next = children[x[j]];
+      if (next.size() < fanout && std::find(next.begin(), next.end(), x[j + 1]) == next.end()) {
+        next.push_back(x[j + 1]);
+      }
+    }
+    if (raw.num_ids > 0) {
+      ends_with[x[raw.num_ids - 1]] = r;
+      if (raw.input % block != 0 && raw.num_ids >= 2) ends_before_partial[x[raw.num_ids - 2]] = r;
+    }
+  }
+
+  // Sessions in order of their first request; turns grouped by session.
+  std::vector<uint32_t> session_of(raws.size());
+  std::vector<uint32_t> turn_of(raws.size());
+  std::vector<std::vector<uint32_t>> members;
+  for (uint32_t r = 0; r < raws.size(); ++r) {
+    if (predecessor[r] == UINT32_MAX) {
+      session_of[r] = static_cast<uint32_t>(members.size());
+      turn_of[r] = 0;
+      members.emplace_back();
+    } else {
+      session_of[r] = session_of[predecessor[r]];
+      turn_of[r] = turn_of[predecessor[r]] + 1;
+    }
+    members[session_of[r]].push_back(r);
+  }
+
+  Trace trace;
+  trace.description = std::move(description);
+  trace.format = TraceFormat::kMooncake;
+  trace.block_tokens = options.block_tokens;
+  trace.sessions.reserve(members.size());
+  trace.turns.reserve(raws.size());
+  for (uint32_t s = 0; s < members.size(); ++s) {
+    TraceSession session;
+    session.name = absl::StrCat("line", raws[members[s].front()].line);
+    session.first_turn = static_cast<uint32_t>(trace.turns.size());
+    session.num_turns = static_cast<uint32_t>(members[s].size());
+    trace.sessions.push_back(std::move(session));
+    double previous_arrival = 0;
+    for (uint32_t k = 0; k < members[s].size(); ++k) {
+      const Raw& raw = raws[members[s][k]];
+      TraceTurn t;
+      t.session = s;
+      t.turn = k;
+      t.line = raw.line;
+      t.segment = s;
+      t.arrival_s = raw.arrival_s;
+      t.delay_s = k == 0 ? 0.0 : std::max(0.0, raw.arrival_s - previous_arrival);
+      previous_arrival = raw.arrival_s;
+      t.input_tokens = raw.input;
+      t.output_tokens = raw.output;
+      t.input_blocks = static_cast<uint32_t>(raw.input / block);
+      t.prefix_blocks = k == 0 ? 0 : std::min(matched_blocks[members[s][k]], t.input_blocks);
+      t.reusable_tokens = uint64_t{t.prefix_blocks} * block;
+      t.hash_begin = trace.hashes.size();
+      BlockHash parent = kChainRootHash;
+      for (uint32_t j = 0; j < t.input_blocks; ++j) {
+        parent = ChainTraceId(parent, static_cast<uint64_t>(ids[raw.id_begin + j]));
+        trace.hashes.push_back(parent);
+      }
+      trace.turns.push_back(t);
+    }
+  }
+  if (absl::Status s = trace.Validate(); !s.ok()) return s;
+  return trace;
+}
+
+// Parses the multi-turn JSONL form (session_id, timestamp/delay, new tokens only).
+inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOptions& options,
+                                                 std::string description = "multiturn") {
+  if (options.block_tokens == 0) {
+    return absl::InvalidArgumentError("TraceOptions.block_tokens must be >= 1");
+  }
+  const uint64_t block = options.block_tokens;
+  struct Building {
+    std::string name;
+    std::vector<TraceTurn> turns;
+    std::vector<BlockHash> chain;
+    uint64_t context = 0;  // tokens of prompt + output so far
+  };
+  std::vector<Building> sessions;
+  absl::flat_hash_map<std::string, uint32_t> by_name;
+
+  auto extend = [block](Building& b, uint64_t tokens_after, uint32_t segment,
+                        const std::vector<int64_t>* ids) {
+    const uint64_t blocks = tokens_after / block;
+    while (b.chain.size() < blocks) {
+      const size_t j = b.chain.size();
+      const uint64_t id = ids != nullptr && j < ids->size() ? static_cast<uint64_t>((*ids)[j])
+                                                            : SyntheticBlockId(segment, j);
+      b.chain.push_back(ChainTraceId(b.chain.empty() ? kChainRootHash : b.chain.back(), id));
+    }
+  };
+
+  uint32_t order = 0;
+  absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
+    absl::StatusOr<JsonLine> json = detail::ParseLine(line, text);
+    if (!json.ok()) return json.status();
+    const JsonValue* sid = json->Find("session_id");
+    if (sid == nullptr) return detail::LineError(line, "missing field \"session_id\"");
+    std::string name;
+    if (sid->kind == JsonValue::Kind::kString) {
+      name = sid->string;
+    } else if (sid->kind == JsonValue::Kind::kNumber && sid->is_integer) {
+      name = absl::StrCat(sid->integer);
+    } else {
+      return detail::LineError(line, "field \"session_id\" must be a string or an integer");
+    }
+    absl::StatusOr<uint64_t> input = detail::FieldUint(*json, "input_length", line, kMaxTurnTokens);
+    if (!input.ok()) return input.status();
+    absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
+    if (!output.ok()) return output.status();
+    absl::StatusOr<const std::vector<int64_t>*> ids =
+        detail::FieldIds(*json, "hash_ids", line, /*required=*/false);
+    if (!ids.ok()) return ids.status();
+    if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
+
+    auto [it, inserted] = by_name.try_emplace(name, static_cast<uint32_t>(sessions.size()));
+    if (inserted) {
+      sessions.emplace_back();
+      sessions.back().name = name;
+    }
+    const uint32_t s = it->second;
+    Building& b = sessions[s];
+    TraceTurn t;
+    t.session = s;
+    t.turn = static_cast<uint32_t>(b.turns.size());
+    t.line = static_cast<uint32_t>(line);
+    t.segment = s;
+    t.output_tokens = *output;
+    const JsonValue* ts = json->Find("timestamp");
+    const JsonValue* delay = json->Find("delay");
+    if (t.turn == 0) {
+      if (ts == nullptr) {
+        return detail::LineError(line, absl::StrCat("the first turn of session \"", name,
+                                                    "\" needs a \"timestamp\""));
+      }
+      absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+      if (!arrival.ok()) return arrival.status();
+      t.arrival_s = *arrival;
+    } else {
+      const TraceTurn& prev = b.turns.back();
+      if (delay != nullptr) {
+        absl::StatusOr<double> d = detail::FieldSeconds(delay, "delay", line, 1e-3);
+        if (!d.ok()) return d.status();
+        t.delay_s = *d;
+      } else if (ts != nullptr) {
+        absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+        if (!arrival.ok()) return arrival.status();
+        t.delay_s = std::max(0.0, *arrival - prev.arrival_s);
+      } else {
+        return detail::LineError(line, absl::StrCat("a later turn of session \"", name,
+                                                    "\" needs a \"delay\""));
+      }
+      t.arrival_s = prev.arrival_s + t.delay_s;
+    }
+    // The prompt: everything the session has seen, then the new tokens.
+    t.reusable_tokens = b.context;
+    t.input_tokens = b.context + *input;
+    if (t.input_tokens + *output > kMaxSessionContextTokens) {
+      return detail::LineError(line, absl::StrCat("session \"", name, "\" grows past ",
+                                                  kMaxSessionContextTokens, " tokens"));
+    }
+    t.prefix_blocks = static_cast<uint32_t>(b.context / block);
+    t.input_blocks = static_cast<uint32_t>(t.input_tokens / block);
+    extend(b, t.input_tokens, s, t.turn == 0 ? *ids : nullptr);
+    extend(b, t.input_tokens + *output, s, nullptr);
+    t.output_blocks = static_cast<uint32_t>((t.input_tokens + *output) / block) - t.input_blocks;
+    b.context = t.input_tokens + *output;
+    b.turns.push_back(t);
+    ++order;
+    return absl::OkStatus();
+  });
+  if (!read.ok()) return read;
+  if (order == 0) return absl::InvalidArgumentError("multiturn trace: no requests");
+
+  Trace trace;
+  trace.description = std::move(description);
+  trace.format = TraceFormat::kMultiturn;
+  trace.block_tokens = options.block_tokens;
+  for (Building& b : sessions) {
+    const uint64_t begin = trace.hashes.size();
+    trace.hashes.insert(trace.hashes.end(), b.chain.begin(), b.chain.end());
+    TraceSession session;
+    session.name = std::move(b.name);
+    session.first_turn = static_cast<uint32_t>(trace.turns.size());
+    session.num_turns = static_cast<uint32_t>(b.turns.size());
+    trace.sessions.push_back(std::move(session));
+    for (TraceTurn& t : b.turns) {
+      t.hash_begin = begin;
+      trace.turns.push_back(t);
+    }
+  }
+  if (absl::Status s = trace.Validate(); !s.ok()) return s;
+  return trace;
+}
+
+// Opens `path` and parses it; errors are prefixed with the path.
+inline absl::StatusOr<Trace> LoadTraceFile(const std::string& path, TraceFormat format,
+                                           const TraceOptions& options = {}) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace"));
+  absl::StatusOr<Trace> trace;
+  switch (format) {
+    case TraceFormat::kMooncake:
+      trace = ParseMooncakeTrace(in, options, path);
+      break;
+    case TraceFormat::kMultiturn:
+      trace = ParseMultiturnTrace(in, options, path);
+      break;
+    case TraceFormat::kSynthetic:
+      return absl::InvalidArgumentError("LoadTraceFile: synthetic traces are generated, not loaded");
+  }
+  if (!trace.ok()) {
+    return absl::Status(trace.status().code(),
+                        absl::StrCat(path, ": ", trace.status().message()));
+  }
+  return trace;
+}
+
+}  // namespace kvc_router::sim

@@ -1,0 +1,240 @@
+// Tests of the policy interface and the policies of issue 4
+// (kvc_router/policy/): the registry, vanilla P/D round-robin, SGLang-style
+// cache-aware DP, and the KVC-Router driven through ClusterView::Admit.
+#include "kvc_router/policy/registry.hpp"
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "kvc_router/admit.hpp"
+#include "kvc_router/block_hash.hpp"
+#include "test_support.hpp"
+
+namespace kvc_router::policy {
+namespace {
+
+// A cluster of real AdmissionControllers with settable loads.
+class FakeCluster final : public ClusterView {
+ public:
+  FakeCluster(Topology topology, uint32_t prefill, uint32_t instances, uint64_t capacity)
+      : topology_(topology), prefill_(prefill), loads_(instances) {
+    for (uint32_t d = 0; d < instances; ++d) {
+      AdmissionConfig config;
+      config.capacity_tokens = capacity;
+      workers_.push_back(*AdmissionController::Create(config));
+    }
+  }
+  Topology topology() const override { return topology_; }
+  uint32_t num_prefill_workers() const override { return prefill_; }
+  uint32_t num_instances() const override { return static_cast<uint32_t>(workers_.size()); }
+  InstanceLoad instance_load(WorkerId d) const override { return loads_[d]; }
+  InstanceLoad prefill_load(WorkerId) const override { return {}; }
+  double now_s() const override { return now; }
+  absl::StatusOr<AdmitResult> Admit(WorkerId d, const AdmitQuery& query) override {
+    asked.push_back(d);
+    if (d >= workers_.size()) return absl::NotFoundError("no such worker");
+    return workers_[d].Admit(query);
+  }
+  AdmissionController& worker(WorkerId d) { return workers_[d]; }
+
+  double now = 0;
+  std::vector<WorkerId> asked;
+
+ private:
+  Topology topology_;
+  uint32_t prefill_;
+  std::vector<InstanceLoad> loads_;
+  std::vector<AdmissionController> workers_;
+};
+
+// One session's chain, grown turn by turn (block_tokens = 16).
+struct Session {
+  SessionId id;
+  std::vector<BlockHash> chain;
+  uint32_t turn = 0;
+
+  PolicyRequest Next(uint64_t request_id, size_t new_blocks) {
+    const size_t prefix = chain.size();
+    for (size_t i = 0; i < new_blocks; ++i) {
+      const TokenId token = static_cast<TokenId>(id * 1000 + chain.size());
+      chain.push_back(HashBlock(chain.empty() ? kChainRootHash : chain.back(),
+                                std::span<const TokenId>(&token, 1)));
+    }
+    PolicyRequest r;
+    r.id = request_id;
+    r.request.session = id;
+    r.request.turn = turn++;
+    r.request.prefix_hashes = std::span<const BlockHash>(chain).first(prefix);
+    r.request.appended_hashes = std::span<const BlockHash>(chain).subspan(prefix);
+    r.request.append_tokens = new_blocks * 16;
+    r.input_tokens = chain.size() * 16;
+    r.input_hashes = chain;
+    r.context_hashes = chain;
+    return r;
+  }
+};
+
+PolicyEnvironment Env() {
+  PolicyEnvironment env;
+  env.prefill_workers = 2;
+  env.decode_workers = 3;
+  env.block_tokens = 16;
+  env.kv_capacity_tokens = 10000;
+  return env;
+}
+
+TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
+  std::vector<std::string> names;
+  for (const PolicyInfo& info : ListPolicies()) {
+    names.emplace_back(info.name);
+    CHECK_FALSE(info.description.empty());
+  }
+  CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "pd", "dp", "kvc-colo"});
+  for (const std::string& name : names) {
+    auto policy = MakePolicy(name, Env());
+    REQUIRE(policy.ok());
+    CHECK((*policy)->name() == name);
+  }
+  CHECK((*MakePolicy("kvc", Env()))->topology() == Topology::kDisaggregated);
+  CHECK((*MakePolicy("kvc-colo", Env()))->topology() == Topology::kColocated);
+  CHECK((*MakePolicy("dp", Env()))->topology() == Topology::kColocated);
+  CHECK((*MakePolicy("kvc", Env()))->uses_admission());
+  CHECK_FALSE((*MakePolicy("pd", Env()))->uses_admission());
+  auto unknown = MakePolicy("lmetric", Env());
+  REQUIRE_FALSE(unknown.ok());
+  CHECK_THAT(test::Message(unknown.status()), Catch::Contains("known: kvc, kvc-v1, pd, dp"));
+  PolicyEnvironment no_p = Env();
+  no_p.prefill_workers = 0;
+  CHECK_FALSE(MakePolicy("kvc", no_p).ok());
+  CHECK_FALSE(MakePolicy("pd", no_p).ok());
+  CHECK(MakePolicy("kvc-colo", no_p).ok());
+}
+
+TEST_CASE("pd: round-robin prefill and decode, every turn transient", "[policy]") {
+  FakeCluster cluster(Topology::kDisaggregated, 2, 3, 10000);
+  PdRoundRobinPolicy pd(2, 3);
+  Session s{7, {}};
+  for (uint64_t i = 0; i < 6; ++i) {
+    auto p = pd.Place(s.Next(i, 2), cluster);
+    REQUIRE(p.ok());
+    CHECK(p->prefill == i % 2);
+    CHECK(p->instance == i % 3);
+    CHECK(p->booking == Booking::kTransient);
+    CHECK(p->mode == (i == 0 ? DecisionMode::kSeed : DecisionMode::kReseed));
+  }
+  CHECK(cluster.asked.empty());
+}
+
+TEST_CASE("dp: follows the cache above the threshold, balances otherwise", "[policy]") {
+  FakeCluster cluster(Topology::kColocated, 0, 3, 100000);
+  CacheAwareOptions options;
+  options.cache_threshold = 0.5;
+  CacheAwareDpPolicy dp(3, 16, 100000, options);
+  Session a{1, {}}, b{2, {}}, c{3, {}};
+  // New sessions go to the smallest tree (ties: lowest id).
+  auto pa = dp.Place(a.Next(1, 30), cluster);
+  auto pb = dp.Place(b.Next(2, 10), cluster);
+  auto pc = dp.Place(c.Next(3, 10), cluster);
+  REQUIRE((pa.ok() && pb.ok() && pc.ok()));
+  CHECK(pa->instance == 0);
+  CHECK(pb->instance == 1);
+  CHECK(pc->instance == 2);
+  CHECK(pa->booking == Booking::kSession);
+  CHECK(pa->prefill == kNoWorker);
+  // b's next turn matches 10 of 12 blocks on instance 1: follow the cache.
+  auto pb2 = dp.Place(b.Next(4, 2), cluster);
+  REQUIRE(pb2.ok());
+  CHECK(pb2->instance == 1);
+  // A match below the threshold (1 block of 21) goes to the smallest tree.
+  Session d{4, std::vector<BlockHash>(a.chain.begin(), a.chain.begin() + 1)};
+  auto pd = dp.Place(d.Next(5, 20), cluster);
+  REQUIRE(pd.ok());
+  CHECK(pd->instance == 2);
+}
+
+TEST_CASE("dp: an imbalanced cluster overrides the cache", "[policy]") {
+  FakeCluster cluster(Topology::kColocated, 0, 2, 100000);
+  CacheAwareOptions options;
+  options.balance_abs_threshold = 2;
+  options.balance_rel_threshold = 1.5;
+  CacheAwareDpPolicy dp(2, 16, 100000, options);
+  Session a{1, {}};
+  std::vector<WorkerId> chosen;
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto p = dp.Place(a.Next(i, i == 0 ? 16 : 1), cluster);
+    REQUIRE(p.ok());
+    chosen.push_back(p->instance);
+  }
+  // Loads 0,1,2 in flight on instance 0 are within the thresholds; at 3 vs 0
+  // the system is imbalanced and the least loaded instance wins.
+  CHECK(chosen == std::vector<WorkerId>{0, 0, 0, 1});
+  Placement finished;
+  finished.instance = 0;
+  for (int i = 0; i < 3; ++i) dp.OnFinished(PolicyRequest{}, finished, cluster);
+  // Balanced again: the longest match wins, instance 1 (where turn 3 ran).
+  auto back = dp.Place(a.Next(9, 1), cluster);
+  REQUIRE(back.ok());
+  CHECK(back->instance == 1);
+}
+
+TEST_CASE("kvc: admission answers come from the workers, v2 sticks to the pin", "[policy]") {
+  FakeCluster cluster(Topology::kDisaggregated, 2, 3, 10000);
+  auto kvc = MakePolicy("kvc", Env());
+  REQUIRE(kvc.ok());
+  Session s{9, {}};
+  PolicyRequest r0 = s.Next(0, 20);
+  auto p0 = (*kvc)->Place(r0, cluster);
+  REQUIRE(p0.ok());
+  CHECK(p0->mode == DecisionMode::kSeed);
+  CHECK(p0->booking == Booking::kAdmitted);
+  CHECK(p0->prefill != kNoWorker);
+  CHECK(p0->admit_attempts == 1);
+  CHECK(cluster.worker(p0->instance).IsResident(9));
+  (*kvc)->OnFinished(r0, *p0, cluster);
+  REQUIRE(cluster.worker(p0->instance).OnRequestFinished(9).ok());
+
+  PolicyRequest r1 = s.Next(1, 2);
+  auto p1 = (*kvc)->Place(r1, cluster);
+  REQUIRE(p1.ok());
+  CHECK(p1->mode == DecisionMode::kDirect);
+  CHECK(p1->instance == p0->instance);
+  CHECK(p1->prefill == kNoWorker);
+  (*kvc)->OnFinished(r1, *p1, cluster);
+  REQUIRE(cluster.worker(p1->instance).OnRequestFinished(9).ok());
+
+  // Every worker full: two rejections (epsilon = 2), then a transient Fallback.
+  Session big{10, {}};
+  PolicyRequest huge = big.Next(2, 700);  // 11,200 tokens > rho * 10,000
+  auto p2 = (*kvc)->Place(huge, cluster);
+  REQUIRE(p2.ok());
+  CHECK(p2->mode == DecisionMode::kFallback);
+  CHECK(p2->booking == Booking::kTransient);
+  CHECK(p2->admit_attempts == 2);
+  CHECK(p2->rejections[static_cast<int>(RejectReason::kSessionNotResidentNoCapacity)] == 2);
+  (*kvc)->OnFinished(huge, *p2, cluster);
+}
+
+TEST_CASE("kvc: an unreachable worker counts as worker-unavailable", "[policy]") {
+  // The cluster claims 3 instances but the policy was built for 4: the
+  // fourth admission RPC fails like a dead worker would.
+  FakeCluster cluster(Topology::kDisaggregated, 1, 3, 10000);
+  PolicyEnvironment env = Env();
+  env.decode_workers = 4;
+  env.max_admit_attempts = 4;
+  auto kvc = MakePolicy("kvc", env);
+  REQUIRE(kvc.ok());
+  // Fill the three real workers so the router also tries the fourth.
+  for (WorkerId d = 0; d < 3; ++d) {
+    REQUIRE(cluster.worker(d).Admit(AdmitQuery{100 + d, 0, 9000, 9000})->admitted);
+  }
+  Session s{1, {}};
+  auto p = (*kvc)->Place(s.Next(0, 100), cluster);
+  REQUIRE(p.ok());
+  CHECK(p->mode == DecisionMode::kFallback);
+  CHECK(p->rejections[static_cast<int>(RejectReason::kWorkerUnavailable)] == 1);
+  CHECK(p->rejections[static_cast<int>(RejectReason::kSessionNotResidentNoCapacity)] == 3);
+}
+
+}  // namespace
+}  // namespace kvc_router::policy
