@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,11 +24,13 @@ void RouteArgs(benchmark::internal::Benchmark* b, uint64_t max_work) {
   }
 }
 
-void BM_Route(benchmark::State& state) {
+// Routes the pinned session again and again; fails the run if Route ever
+// picks another worker than the one holding its whole prefix.
+template <class Index>
+RouteSetup<Index> RunRoute(benchmark::State& state, Index index) {
   const auto workers = static_cast<uint32_t>(state.range(0));
   const auto blocks = static_cast<size_t>(state.range(1));
-  RouteSetup<FastIndex> setup =
-      BuildRouteSetup(workers, blocks, FastIndex(workers, 0, RouterConfig{}.block_tokens));
+  RouteSetup<Index> setup = BuildRouteSetup(workers, blocks, std::move(index));
   WorkerId chosen = kNoWorker;
   for (auto _ : state) {
     const RouteChoice choice = Route(*setup.state, setup.request);
@@ -35,6 +38,13 @@ void BM_Route(benchmark::State& state) {
     chosen = choice.worker;
   }
   if (chosen != setup.pinned) state.SkipWithError("Route did not choose the pinned worker");
+  return setup;
+}
+
+void BM_Route(benchmark::State& state) {
+  const auto workers = static_cast<uint32_t>(state.range(0));
+  RouteSetup<FastIndex> setup =
+      RunRoute(state, FastIndex(workers, 0, RouterConfig{}.block_tokens));
   const uint64_t entries = setup.state->ReadIndex([](const FastIndex& i) { return i.entries(); });
   const size_t bytes = setup.state->ReadIndex([](const FastIndex& i) { return i.memory_bytes(); });
   state.counters["entries"] = static_cast<double>(entries);
@@ -43,16 +53,7 @@ void BM_Route(benchmark::State& state) {
 BENCHMARK(BM_Route)->Apply([](auto* b) { RouteArgs(b, ~uint64_t{0}); });
 
 void BM_RouteNaive(benchmark::State& state) {
-  const auto workers = static_cast<uint32_t>(state.range(0));
-  const auto blocks = static_cast<size_t>(state.range(1));
-  RouteSetup<NaiveIndex> setup = BuildRouteSetup(workers, blocks, NaiveIndex(workers));
-  WorkerId chosen = kNoWorker;
-  for (auto _ : state) {
-    const RouteChoice choice = Route(*setup.state, setup.request);
-    benchmark::DoNotOptimize(choice);
-    chosen = choice.worker;
-  }
-  if (chosen != setup.pinned) state.SkipWithError("naive Route did not choose the pinned worker");
+  RunRoute(state, NaiveIndex(static_cast<uint32_t>(state.range(0))));
 }
 // The literal intersection costs |D| * blocks ordered-set look-ups: capped.
 BENCHMARK(BM_RouteNaive)->Apply([](auto* b) { RouteArgs(b, 8 * 16384); });
@@ -95,16 +96,7 @@ class HashSetIndex {
 };
 
 void BM_RouteHashSet(benchmark::State& state) {
-  const auto workers = static_cast<uint32_t>(state.range(0));
-  const auto blocks = static_cast<size_t>(state.range(1));
-  RouteSetup<HashSetIndex> setup = BuildRouteSetup(workers, blocks, HashSetIndex(workers));
-  WorkerId chosen = kNoWorker;
-  for (auto _ : state) {
-    const RouteChoice choice = Route(*setup.state, setup.request);
-    benchmark::DoNotOptimize(choice);
-    chosen = choice.worker;
-  }
-  if (chosen != setup.pinned) state.SkipWithError("hash-set Route did not choose the pinned worker");
+  RunRoute(state, HashSetIndex(static_cast<uint32_t>(state.range(0))));
 }
 BENCHMARK(BM_RouteHashSet)->Apply([](auto* b) { RouteArgs(b, 8 * 16384); });
 

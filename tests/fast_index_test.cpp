@@ -7,19 +7,12 @@
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/testing/property_kit.hpp"
+#include "test_support.hpp"
 
 namespace kvc_router {
 namespace {
 
-std::vector<BlockHash> Chain(size_t n, uint64_t salt, BlockHash parent = kChainRootHash) {
-  std::vector<BlockHash> chain;
-  for (size_t i = 0; i < n; ++i) {
-    const TokenId token = static_cast<TokenId>(salt * 100003 + i);
-    parent = HashBlock(parent, {&token, 1});
-    chain.push_back(parent);
-  }
-  return chain;
-}
+using test::TestChain;
 
 template <class Index>
 std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
@@ -79,7 +72,7 @@ TEST_CASE("block table: worker sets move between inline and pooled forms", "[fas
 
 TEST_CASE("fast index: runs per worker from one bisection", "[fast_index]") {
   FastIndex index(5, 0, 16);
-  const auto chain = Chain(1000, 1);
+  const auto chain = TestChain(1000, 1);
   const std::span<const BlockHash> all(chain);
   index.Learn(0, 1, all);
   index.Learn(1, 2, all.first(1));
@@ -88,15 +81,15 @@ TEST_CASE("fast index: runs per worker from one bisection", "[fast_index]") {
   CHECK(OverlapOf(index, all) == std::vector<uint32_t>{1000, 1, 999, 517, 0});
   CHECK(OverlapOf(index, all.first(1)) == std::vector<uint32_t>{1, 1, 1, 1, 0});
   CHECK(OverlapOf(index, all.first(0)) == std::vector<uint32_t>{0, 0, 0, 0, 0});
-  CHECK(OverlapOf(index, Chain(10, 9)) == std::vector<uint32_t>{0, 0, 0, 0, 0});
+  CHECK(OverlapOf(index, TestChain(10, 9)) == std::vector<uint32_t>{0, 0, 0, 0, 0});
   CHECK(index.entries() == 1000 + 1 + 999 + 517);
 }
 
 TEST_CASE("fast index: shared blocks are counted once per worker and survive", "[fast_index]") {
   FastIndex index(2, 0, 16);
-  const auto root = Chain(10, 1);
+  const auto root = TestChain(10, 1);
   auto a = root;
-  auto a_tail = Chain(5, 2, root.back());
+  auto a_tail = TestChain(5, 2, root.back());
   a.insert(a.end(), a_tail.begin(), a_tail.end());
   index.Learn(0, 1, root);
   index.Learn(0, 2, a);
@@ -110,13 +103,13 @@ TEST_CASE("fast index: shared blocks are counted once per worker and survive", "
 
 TEST_CASE("fast index: capacity evicts whole sessions, least recent first", "[fast_index]") {
   FastIndex index(1, 10 * 16, 16);
-  index.Learn(0, 1, Chain(6, 1));
-  index.Learn(0, 2, Chain(3, 2));
-  index.Learn(0, 3, Chain(4, 3));
+  index.Learn(0, 1, TestChain(6, 1));
+  index.Learn(0, 2, TestChain(3, 2));
+  index.Learn(0, 3, TestChain(4, 3));
   CHECK_FALSE(index.HoldsSession(0, 1));
   CHECK(index.resident_blocks(0) == 7);
   CHECK(index.entries() == 7);
-  index.Learn(0, 9, Chain(40, 9));
+  index.Learn(0, 9, TestChain(40, 9));
   CHECK(index.resident_blocks(0) == 10);
   CHECK(index.HoldsSession(0, 9));
   CHECK(index.entries() == 10);
@@ -124,14 +117,14 @@ TEST_CASE("fast index: capacity evicts whole sessions, least recent first", "[fa
 
 TEST_CASE("fast index: memory per resident entry stays small", "[fast_index]") {
   FastIndex index(8, 0, 16);
-  for (SessionId s = 0; s < 256; ++s) index.Learn(s % 8, s, Chain(1024, s));
+  for (SessionId s = 0; s < 256; ++s) index.Learn(s % 8, s, TestChain(1024, s));
   REQUIRE(index.entries() == 256 * 1024);
   const double per_entry = static_cast<double>(index.memory_bytes()) / index.entries();
   INFO("bytes per entry " << per_entry);
   CHECK(per_entry <= 48.0);
   // Many workers: most blocks on one worker still cost one 16-byte slot.
   FastIndex wide(256, 0, 16);
-  for (SessionId s = 0; s < 256; ++s) wide.Learn(static_cast<WorkerId>(s), s, Chain(1024, s));
+  for (SessionId s = 0; s < 256; ++s) wide.Learn(static_cast<WorkerId>(s), s, TestChain(1024, s));
   const double wide_per_entry = static_cast<double>(wide.memory_bytes()) / wide.entries();
   INFO("bytes per entry at 256 workers " << wide_per_entry);
   CHECK(wide_per_entry <= 48.0);
@@ -146,11 +139,11 @@ TEST_CASE("fast, estimate and naive indexes agree on random placements",
   NaiveIndex naive(workers);
   EstimateIndex estimate(workers, 0, 16);
   FastIndex fast(workers, 0, 16);
-  const auto root = Chain(rng.Uniform(0, 5), 777);
+  const auto root = TestChain(rng.Uniform(0, 5), 777);
   std::vector<std::vector<BlockHash>> chains;
   for (int s = 0; s < 8; ++s) {
     auto chain = root;
-    const auto own = Chain(rng.Uniform(1, 80), 100 + s, root.empty() ? kChainRootHash : root.back());
+    const auto own = TestChain(rng.Uniform(1, 80), 100 + s, root.empty() ? kChainRootHash : root.back());
     chain.insert(chain.end(), own.begin(), own.end());
     chains.push_back(chain);
   }

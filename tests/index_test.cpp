@@ -6,20 +6,12 @@
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/testing/property_kit.hpp"
+#include "test_support.hpp"
 
 namespace kvc_router {
 namespace {
 
-std::vector<BlockHash> Chain(size_t n, uint64_t salt) {
-  std::vector<BlockHash> chain;
-  BlockHash parent = kChainRootHash;
-  for (size_t i = 0; i < n; ++i) {
-    const TokenId token = static_cast<TokenId>(salt * 1000 + i);
-    parent = HashBlock(parent, {&token, 1});
-    chain.push_back(parent);
-  }
-  return chain;
-}
+using test::TestChain;
 
 template <class Index>
 std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
@@ -30,8 +22,8 @@ std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> p
 
 TEST_CASE("naive index: literal set intersection per worker", "[index]") {
   NaiveIndex index(3);
-  const auto a = Chain(10, 1);
-  const auto b = Chain(6, 2);
+  const auto a = TestChain(10, 1);
+  const auto b = TestChain(6, 2);
   index.Learn(0, 1, a);
   index.Learn(1, 1, std::span<const BlockHash>(a).first(4));
   index.Learn(1, 2, b);
@@ -52,9 +44,9 @@ TEST_CASE("naive index: literal set intersection per worker", "[index]") {
 TEST_CASE("estimate index: leading run, session eviction by capacity", "[index]") {
   // 10 blocks of 24 tokens per worker.
   EstimateIndex index(2, 240, 24);
-  const auto a = Chain(6, 1);
-  const auto b = Chain(3, 2);
-  const auto c = Chain(4, 3);
+  const auto a = TestChain(6, 1);
+  const auto b = TestChain(3, 2);
+  const auto c = TestChain(4, 3);
   index.Learn(0, 1, a);
   index.Learn(0, 2, b);
   CHECK(index.resident_blocks(0) == 9);
@@ -64,13 +56,13 @@ TEST_CASE("estimate index: leading run, session eviction by capacity", "[index]"
   CHECK(index.resident_blocks(0) == 7);
   CHECK(OverlapOf(index, a) == std::vector<uint32_t>{0, 0});
   // Touching session 2 makes session 3 the oldest.
-  index.Learn(0, 2, Chain(5, 2));
-  index.Learn(0, 4, Chain(3, 4));
+  index.Learn(0, 2, TestChain(5, 2));
+  index.Learn(0, 4, TestChain(3, 4));
   CHECK_FALSE(index.HoldsSession(0, 3));
   CHECK(index.HoldsSession(0, 2));
   CHECK(index.resident_blocks(0) <= index.capacity_blocks());
   // A session larger than the whole worker keeps its leading blocks.
-  const auto huge = Chain(25, 9);
+  const auto huge = TestChain(25, 9);
   index.Learn(1, 9, huge);
   CHECK(index.resident_blocks(1) == 10);
   CHECK(OverlapOf(index, huge)[1] == 10);
@@ -78,12 +70,12 @@ TEST_CASE("estimate index: leading run, session eviction by capacity", "[index]"
 
 TEST_CASE("estimate index: a grown chain adds its tail, a diverged one is replaced", "[index]") {
   EstimateIndex index(1, 0, 24);
-  auto chain = Chain(8, 1);
+  auto chain = TestChain(8, 1);
   index.Learn(0, 1, std::span<const BlockHash>(chain).first(5));
   index.Learn(0, 1, chain);
   CHECK(index.resident_blocks(0) == 8);
   CHECK(OverlapOf(index, chain)[0] == 8);
-  auto other = Chain(3, 7);
+  auto other = TestChain(3, 7);
   index.Learn(0, 1, other);
   CHECK(index.resident_blocks(0) == 3);
   CHECK(OverlapOf(index, chain)[0] == 0);
@@ -101,10 +93,10 @@ TEST_CASE("estimate and naive indexes agree on prefix-closed residency",
   NaiveIndex naive(workers);
   EstimateIndex estimate(workers, 0, 16);
   std::vector<std::vector<BlockHash>> chains;
-  const auto root = Chain(rng.Uniform(0, 5), 777);
+  const auto root = TestChain(rng.Uniform(0, 5), 777);
   for (int s = 0; s < 6; ++s) {
     auto chain = root;
-    const auto own = Chain(rng.Uniform(1, 30), 100 + s);
+    const auto own = TestChain(rng.Uniform(1, 30), 100 + s);
     // Chains stay chained: continue from the root's last hash.
     BlockHash parent = chain.empty() ? kChainRootHash : chain.back();
     for (BlockHash h : own) {

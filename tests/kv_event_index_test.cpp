@@ -12,16 +12,7 @@
 namespace kvc_router {
 namespace {
 
-std::vector<BlockHash> Chain(size_t n, uint64_t salt) {
-  std::vector<BlockHash> chain;
-  BlockHash parent = kChainRootHash;
-  for (size_t i = 0; i < n; ++i) {
-    const TokenId token = static_cast<TokenId>(salt * 100003 + i);
-    parent = HashBlock(parent, {&token, 1});
-    chain.push_back(parent);
-  }
-  return chain;
-}
+using test::TestChain;
 
 KvEventBatch Batch(WorkerId worker, uint64_t sequence, std::vector<KvEvent> events) {
   KvEventBatch batch;
@@ -46,7 +37,7 @@ std::vector<uint32_t> OverlapOf(const KvEventIndex& index, std::span<const Block
 
 TEST_CASE("stored, removed and cleared events drive residency", "[kv_events]") {
   KvEventIndex index(2);
-  const auto chain = Chain(8, 1);
+  const auto chain = TestChain(8, 1);
   const std::span<const BlockHash> all(chain);
   auto report = index.Apply(Batch(0, 0, {Stored(all.first(4), std::nullopt),
                                          Stored(all.subspan(4), chain[3])}));
@@ -67,7 +58,7 @@ TEST_CASE("stored, removed and cleared events drive residency", "[kv_events]") {
 
 TEST_CASE("sequence gaps are applied and reported; replays are refused", "[kv_events]") {
   KvEventIndex index(1);
-  const auto chain = Chain(3, 2);
+  const auto chain = TestChain(3, 2);
   REQUIRE(index.Apply(Batch(0, 0, {Stored(std::span(chain).first(1), std::nullopt)})).ok());
   auto gap = index.Apply(Batch(0, 4, {Stored(std::span(chain).subspan(2), chain[1])}));
   REQUIRE(gap.ok());
@@ -89,7 +80,7 @@ TEST_CASE("sequence gaps are applied and reported; replays are refused", "[kv_ev
 
 TEST_CASE("bad batches are refused whole with a message", "[kv_events]") {
   KvEventIndex index(2);
-  const auto chain = Chain(4, 3);
+  const auto chain = TestChain(4, 3);
   auto unknown = index.Apply(Batch(2, 0, {Stored(chain, std::nullopt)}));
   CHECK(unknown.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(test::Message(unknown.status()).find("unknown worker 2") != std::string::npos);
@@ -120,7 +111,7 @@ TEST_CASE("event, fast and naive indexes agree under random streams", "[kv_event
   // sometimes clears everything. The naive index mirrors it per "session" =
   // chain id with the same prefix lengths.
   std::vector<std::vector<BlockHash>> chains;
-  for (int c = 0; c < 6; ++c) chains.push_back(Chain(rng.Uniform(1, 60), 50 + c));
+  for (int c = 0; c < 6; ++c) chains.push_back(TestChain(rng.Uniform(1, 60), 50 + c));
   std::vector<std::vector<size_t>> held(workers, std::vector<size_t>(chains.size(), 0));
   for (int step = 0; step < 60; ++step) {
     const WorkerId d = static_cast<WorkerId>(rng.Uniform(0, workers - 1));

@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "kvc_router/block_hash.hpp"
 #include "kvc_router/config.hpp"
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
@@ -36,6 +38,18 @@ inline EstimateIndex MakeEstimateIndex(const RouterConfig& config) {
 
 inline NaiveIndex MakeNaiveIndex(const RouterConfig& config) {
   return NaiveIndex(config.num_decode_workers);
+}
+
+// A chain of `n` block hashes continuing after `parent`; `salt` tells chains apart.
+inline std::vector<BlockHash> TestChain(size_t n, uint64_t salt,
+                                        BlockHash parent = kChainRootHash) {
+  std::vector<BlockHash> chain;
+  for (size_t i = 0; i < n; ++i) {
+    const TokenId token = static_cast<TokenId>(salt * 100003 + i);
+    parent = HashBlock(parent, {&token, 1});
+    chain.push_back(parent);
+  }
+  return chain;
 }
 
 }  // namespace kvc_router::test

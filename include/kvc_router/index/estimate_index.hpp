@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "kvc_router/index/detail/session_chain.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router {
@@ -60,18 +61,7 @@ class EstimateIndex {
     if (hashes.size() > capacity_blocks_) hashes = hashes.first(capacity_blocks_);
     Session& s = w.sessions[session];
     const size_t old_blocks = s.blocks.size();
-    // Chained hashes: equal last blocks mean equal prefixes, so a grown chain
-    // only adds its new tail.
-    size_t common = 0;
-    if (!s.blocks.empty() && s.blocks.size() <= hashes.size() &&
-        hashes[s.blocks.size() - 1] == s.blocks.back()) {
-      common = s.blocks.size();
-    } else {
-      while (common < s.blocks.size() && common < hashes.size() &&
-             s.blocks[common] == hashes[common]) {
-        ++common;
-      }
-    }
+    const size_t common = index_detail::CommonChainPrefix(s.blocks, hashes);
     for (size_t i = common; i < s.blocks.size(); ++i) Unref(w, s.blocks[i]);
     s.blocks.resize(common);
     for (size_t i = common; i < hashes.size(); ++i) {

@@ -30,6 +30,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kvc_router/index/detail/block_table.hpp"
+#include "kvc_router/index/detail/session_chain.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router {
@@ -58,17 +59,7 @@ class FastIndex {
     if (hashes.size() > capacity_blocks_) hashes = hashes.first(capacity_blocks_);
     Session& s = w.sessions[session];
     const size_t old_blocks = s.blocks.size();
-    size_t common = 0;
-    // Chained hashes: equal last blocks mean equal prefixes.
-    if (!s.blocks.empty() && s.blocks.size() <= hashes.size() &&
-        hashes[s.blocks.size() - 1] == s.blocks.back()) {
-      common = s.blocks.size();
-    } else {
-      while (common < s.blocks.size() && common < hashes.size() &&
-             s.blocks[common] == hashes[common]) {
-        ++common;
-      }
-    }
+    const size_t common = index_detail::CommonChainPrefix(s.blocks, hashes);
     for (size_t i = common; i < s.blocks.size(); ++i) Unref(worker, s.blocks[i]);
     s.blocks.resize(common);
     s.blocks.insert(s.blocks.end(), hashes.begin() + common, hashes.end());

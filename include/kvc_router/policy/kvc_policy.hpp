@@ -1,7 +1,7 @@
 // kvc_router/policy/kvc_policy.hpp
 //
 // The KVC-Router as a RoutingPolicy: the library's own RoutingState with a
-// placement-learned EstimateIndex, driven through the I/O-free
+// placement-learned FastIndex (the production estimate), driven through the I/O-free
 // StartDispatch/DispatchOp, with every admission question sent to the
 // cluster's decode workers (ClusterView::Admit), which answer with their own
 // AdmissionController. Nothing here re-implements Algorithms 1-3.
@@ -34,7 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "kvc_router/dispatch.hpp"
-#include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/index/fast_index.hpp"
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_router/routing_state.hpp"
 
@@ -59,9 +59,9 @@ class KvcPolicy final : public RoutingPolicy {
                                                            const KvcPolicyOptions& options) {
     auto policy = std::unique_ptr<KvcPolicy>(new KvcPolicy(std::move(name), options));
     const double* now = &policy->now_s_;
-    auto state = RoutingState<EstimateIndex>::Create(
+    auto state = RoutingState<FastIndex>::Create(
         options.router,
-        EstimateIndex(options.router.num_decode_workers, options.index_capacity_tokens,
+        FastIndex(options.router.num_decode_workers, options.index_capacity_tokens,
                       options.router.block_tokens),
         [now] { return absl::UnixEpoch() + absl::Seconds(*now); });
     if (!state.ok()) return state.status();
@@ -78,7 +78,7 @@ class KvcPolicy final : public RoutingPolicy {
 
   absl::StatusOr<Placement> Place(const PolicyRequest& request, ClusterView& cluster) override {
     now_s_ = cluster.now_s();
-    absl::StatusOr<DispatchOp<EstimateIndex>> op = StartDispatch(*state_, request.request);
+    absl::StatusOr<DispatchOp<FastIndex>> op = StartDispatch(*state_, request.request);
     if (!op.ok()) return op.status();
     Placement placement;
     while (op->awaiting_admit()) {
@@ -117,7 +117,7 @@ class KvcPolicy final : public RoutingPolicy {
     if (options_.kv_events) (void)state_->OnSessionEvicted(instance, session);
   }
 
-  const RoutingState<EstimateIndex>& state() const { return *state_; }
+  const RoutingState<FastIndex>& state() const { return *state_; }
 
  private:
   KvcPolicy(std::string name, const KvcPolicyOptions& options)
@@ -126,9 +126,9 @@ class KvcPolicy final : public RoutingPolicy {
   std::string name_;
   KvcPolicyOptions options_;
   double now_s_ = 0;
-  std::unique_ptr<RoutingState<EstimateIndex>> state_;
+  std::unique_ptr<RoutingState<FastIndex>> state_;
   // Placed requests, by request id, until they finish.
-  absl::flat_hash_map<uint64_t, DispatchOp<EstimateIndex>> ops_;
+  absl::flat_hash_map<uint64_t, DispatchOp<FastIndex>> ops_;
 };
 
 }  // namespace kvc_router::policy

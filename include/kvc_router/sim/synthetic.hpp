@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "kvc_router/detail/splitmix.hpp"
 #include "kvc_router/sim/trace.hpp"
 
 namespace kvc_router::sim {
@@ -37,14 +38,9 @@ namespace kvc_router::sim {
 // Deterministic random numbers: SplitMix64 plus portable distributions.
 class SimRng {
  public:
-  explicit SimRng(uint64_t seed) : state_(seed) {}
+  explicit SimRng(uint64_t seed) : bits_(seed) {}
 
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return bits_.Next(); }
   // Uniform in (0, 1): never 0, so logarithms are finite.
   double Uniform01() { return (static_cast<double>(Next() >> 11) + 0.5) * 0x1.0p-53; }
   double Normal() {
@@ -57,7 +53,7 @@ class SimRng {
   double Exponential(double mean) { return -mean * std::log(Uniform01()); }
 
  private:
-  uint64_t state_;
+  kvc_router::detail::SplitMix64 bits_;
 };
 
 struct SyntheticConfig {

@@ -60,6 +60,7 @@
 #include "kvc_router/block_hash.hpp"
 #include "kvc_router/concepts.hpp"
 #include "kvc_router/config.hpp"
+#include "kvc_router/detail/splitmix.hpp"
 #include "kvc_router/dispatch.hpp"
 #include "kvc_router/route.hpp"
 #include "kvc_router/routing_state.hpp"
@@ -76,22 +77,17 @@ struct PropertyOptions {
   uint32_t max_decode_workers = 16;
 };
 
-// splitmix64: the same stream on every platform and standard library.
+// Scenario randomness: the same stream on every platform and standard library.
 class ScenarioRng {
  public:
-  explicit ScenarioRng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  explicit ScenarioRng(uint64_t seed) : bits_(seed) {}
+  uint64_t Next() { return bits_.Next(); }
   // Uniform in [lo, hi].
   uint64_t Uniform(uint64_t lo, uint64_t hi) { return lo + Next() % (hi - lo + 1); }
   bool Chance(uint32_t percent) { return Next() % 100 < percent; }
 
  private:
-  uint64_t state_;
+  kvc_router::detail::SplitMix64 bits_;
 };
 
 // A synthetic session: a chained block list that grows turn by turn.
