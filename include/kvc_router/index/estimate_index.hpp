@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <span>
 #include <vector>
 
@@ -58,78 +57,35 @@ class EstimateIndex {
   void Learn(WorkerId worker, SessionId session, std::span<const BlockHash> hashes) {
     if (worker >= workers_.size()) return;
     Worker& w = workers_[worker];
-    if (hashes.size() > capacity_blocks_) hashes = hashes.first(capacity_blocks_);
-    Session& s = w.sessions[session];
-    const size_t old_blocks = s.blocks.size();
-    const size_t common = index_detail::CommonChainPrefix(s.blocks, hashes);
-    for (size_t i = common; i < s.blocks.size(); ++i) Unref(w, s.blocks[i]);
-    s.blocks.resize(common);
-    for (size_t i = common; i < hashes.size(); ++i) {
-      s.blocks.push_back(hashes[i]);
-      ++w.block_refs[hashes[i]];
-    }
-    w.total_blocks = w.total_blocks - old_blocks + s.blocks.size();
-    Touch(w, session, s);
-    EvictOverCapacity(w, session);
+    w.sessions.Learn(
+        session, hashes, capacity_blocks_, [&w](BlockHash h) { ++w.block_refs[h]; },
+        [&w](BlockHash h) { Unref(w, h); });
   }
 
   void ForgetSession(WorkerId worker, SessionId session) {
     if (worker >= workers_.size()) return;
     Worker& w = workers_[worker];
-    auto it = w.sessions.find(session);
-    if (it == w.sessions.end()) return;
-    DropSession(w, it);
+    w.sessions.Forget(session, [&w](BlockHash h) { Unref(w, h); });
   }
 
   // Blocks (session, worker) entries the estimate holds for `worker`.
   uint64_t resident_blocks(WorkerId worker) const {
-    return worker < workers_.size() ? workers_[worker].total_blocks : 0;
+    return worker < workers_.size() ? workers_[worker].sessions.total_blocks() : 0;
   }
   uint64_t capacity_blocks() const { return capacity_blocks_; }
   bool HoldsSession(WorkerId worker, SessionId session) const {
-    return worker < workers_.size() && workers_[worker].sessions.contains(session);
+    return worker < workers_.size() && workers_[worker].sessions.Holds(session);
   }
 
  private:
-  struct Session {
-    std::vector<BlockHash> blocks;
-    uint64_t last_use = 0;
-  };
   struct Worker {
     absl::flat_hash_map<BlockHash, uint32_t> block_refs;
-    absl::flat_hash_map<SessionId, Session> sessions;
-    std::map<uint64_t, SessionId> lru;  // use tick -> session, oldest first
-    uint64_t total_blocks = 0;
-    uint64_t clock = 0;
+    index_detail::WorkerSessions sessions;
   };
 
   static void Unref(Worker& w, BlockHash hash) {
     auto it = w.block_refs.find(hash);
     if (--it->second == 0) w.block_refs.erase(it);
-  }
-
-  static void Touch(Worker& w, SessionId id, Session& s) {
-    if (s.last_use != 0) w.lru.erase(s.last_use);
-    s.last_use = ++w.clock;
-    w.lru.emplace(s.last_use, id);
-  }
-
-  void DropSession(Worker& w, absl::flat_hash_map<SessionId, Session>::iterator it) {
-    for (BlockHash hash : it->second.blocks) Unref(w, hash);
-    w.total_blocks -= it->second.blocks.size();
-    w.lru.erase(it->second.last_use);
-    w.sessions.erase(it);
-  }
-
-  void EvictOverCapacity(Worker& w, SessionId keep) {
-    while (w.total_blocks > capacity_blocks_ && !w.lru.empty()) {
-      auto oldest = w.lru.begin();
-      if (oldest->second == keep) {
-        if (w.lru.size() == 1) break;
-        ++oldest;
-      }
-      DropSession(w, w.sessions.find(oldest->second));
-    }
   }
 
   std::vector<Worker> workers_;

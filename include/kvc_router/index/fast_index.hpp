@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <span>
 #include <vector>
 
@@ -53,39 +52,28 @@ class FastIndex {
   }
 
   // Session `session` on `worker` now holds `hashes` (its chained prefix).
+  // If the session alone exceeds the capacity, only its leading blocks are kept.
   void Learn(WorkerId worker, SessionId session, std::span<const BlockHash> hashes) {
     if (worker >= workers_.size()) return;
-    Worker& w = workers_[worker];
-    if (hashes.size() > capacity_blocks_) hashes = hashes.first(capacity_blocks_);
-    Session& s = w.sessions[session];
-    const size_t old_blocks = s.blocks.size();
-    const size_t common = index_detail::CommonChainPrefix(s.blocks, hashes);
-    for (size_t i = common; i < s.blocks.size(); ++i) Unref(worker, s.blocks[i]);
-    s.blocks.resize(common);
-    s.blocks.insert(s.blocks.end(), hashes.begin() + common, hashes.end());
-    for (size_t i = common; i < hashes.size(); ++i) Ref(worker, hashes[i]);
-    w.total_blocks = w.total_blocks - old_blocks + s.blocks.size();
-    if (s.last_use != 0) w.lru.erase(s.last_use);
-    s.last_use = ++clock_;
-    w.lru.emplace(s.last_use, session);
-    EvictOverCapacity(worker, session);
+    workers_[worker].sessions.Learn(
+        session, hashes, capacity_blocks_, [&](BlockHash h) { Ref(worker, h); },
+        [&](BlockHash h) { Unref(worker, h); });
   }
 
   void ForgetSession(WorkerId worker, SessionId session) {
     if (worker >= workers_.size()) return;
-    auto it = workers_[worker].sessions.find(session);
-    if (it != workers_[worker].sessions.end()) DropSession(worker, it);
+    workers_[worker].sessions.Forget(session, [&](BlockHash h) { Unref(worker, h); });
   }
 
   bool Contains(WorkerId worker, BlockHash hash) const {
     return worker < workers_.size() && table_.Contains(hash, worker);
   }
   bool HoldsSession(WorkerId worker, SessionId session) const {
-    return worker < workers_.size() && workers_[worker].sessions.contains(session);
+    return worker < workers_.size() && workers_[worker].sessions.Holds(session);
   }
   // Blocks the estimate holds for `worker`, counting a block once per session.
   uint64_t resident_blocks(WorkerId worker) const {
-    return worker < workers_.size() ? workers_[worker].total_blocks : 0;
+    return worker < workers_.size() ? workers_[worker].sessions.total_blocks() : 0;
   }
   uint64_t capacity_blocks() const { return capacity_blocks_; }
 
@@ -96,26 +84,18 @@ class FastIndex {
   size_t memory_bytes() const {
     size_t bytes = table_.memory_bytes() + workers_.capacity() * sizeof(Worker);
     for (const Worker& w : workers_) {
-      bytes += w.sessions.capacity() * (sizeof(SessionId) + sizeof(Session) + 1);
+      bytes += w.sessions.memory_bytes();
       bytes += w.shared.capacity() * (sizeof(BlockHash) + sizeof(uint32_t) + 1);
-      bytes += w.lru.size() * (sizeof(uint64_t) + sizeof(SessionId) + 32);
-      for (const auto& [id, s] : w.sessions) bytes += s.blocks.capacity() * sizeof(BlockHash);
     }
     return bytes;
   }
 
  private:
-  struct Session {
-    std::vector<BlockHash> blocks;
-    uint64_t last_use = 0;
-  };
   struct Worker {
-    absl::flat_hash_map<SessionId, Session> sessions;
+    index_detail::WorkerSessions sessions;
     // Blocks held by two or more sessions of this worker -> holder count.
     // Most blocks have one holder and cost nothing here.
     absl::flat_hash_map<BlockHash, uint32_t> shared;
-    std::map<uint64_t, SessionId> lru;  // use tick -> session, oldest first
-    uint64_t total_blocks = 0;
   };
 
   void Ref(WorkerId worker, BlockHash hash) {
@@ -136,27 +116,9 @@ class FastIndex {
     if (table_.Erase(hash, worker)) --entries_;
   }
 
-  void DropSession(WorkerId worker, absl::flat_hash_map<SessionId, Session>::iterator it) {
-    Worker& w = workers_[worker];
-    for (BlockHash hash : it->second.blocks) Unref(worker, hash);
-    w.total_blocks -= it->second.blocks.size();
-    w.lru.erase(it->second.last_use);
-    w.sessions.erase(it);
-  }
-
-  void EvictOverCapacity(WorkerId worker, SessionId keep) {
-    Worker& w = workers_[worker];
-    while (w.total_blocks > capacity_blocks_ && w.lru.size() > 1) {
-      auto oldest = w.lru.begin();
-      if (oldest->second == keep) ++oldest;
-      DropSession(worker, w.sessions.find(oldest->second));
-    }
-  }
-
   index_detail::BlockTable table_;
   std::vector<Worker> workers_;
   uint64_t capacity_blocks_;
-  uint64_t clock_ = 0;
   uint64_t entries_ = 0;
 };
 
