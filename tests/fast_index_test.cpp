@@ -12,14 +12,8 @@
 namespace kvc_router {
 namespace {
 
+using test::OverlapOf;
 using test::TestChain;
-
-template <class Index>
-std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
-  std::vector<uint32_t> out(index.num_workers(), 7);
-  index.Overlap(prefix, out);
-  return out;
-}
 
 TEST_CASE("block table: insert, erase, growth and backward-shift deletion", "[fast_index]") {
   index_detail::BlockTable table(130);  // three mask words

@@ -11,14 +11,8 @@
 namespace kvc_router {
 namespace {
 
+using test::OverlapOf;
 using test::TestChain;
-
-template <class Index>
-std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
-  std::vector<uint32_t> out(index.num_workers(), 0);
-  index.Overlap(prefix, out);
-  return out;
-}
 
 TEST_CASE("naive index: literal set intersection per worker", "[index]") {
   NaiveIndex index(3);

@@ -12,6 +12,7 @@
 namespace kvc_router {
 namespace {
 
+using test::OverlapOf;
 using test::TestChain;
 
 KvEventBatch Batch(WorkerId worker, uint64_t sequence, std::vector<KvEvent> events) {
@@ -27,12 +28,6 @@ BlockStoredEvent Stored(std::span<const BlockHash> hashes, std::optional<BlockHa
   event.block_hashes.assign(hashes.begin(), hashes.end());
   event.parent_block_hash = parent;
   return event;
-}
-
-std::vector<uint32_t> OverlapOf(const KvEventIndex& index, std::span<const BlockHash> prefix) {
-  std::vector<uint32_t> out(index.num_workers(), 9);
-  index.Overlap(prefix, out);
-  return out;
 }
 
 TEST_CASE("stored, removed and cleared events drive residency", "[kv_events]") {

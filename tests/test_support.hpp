@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,15 @@ inline EstimateIndex MakeEstimateIndex(const RouterConfig& config) {
 
 inline NaiveIndex MakeNaiveIndex(const RouterConfig& config) {
   return NaiveIndex(config.num_decode_workers);
+}
+
+// Overlap per worker for `prefix`. The output starts poisoned, so an index
+// that leaves a worker's slot unwritten fails the comparison.
+template <class Index>
+std::vector<uint32_t> OverlapOf(const Index& index, std::span<const BlockHash> prefix) {
+  std::vector<uint32_t> out(index.num_workers(), 0xdeadbeef);
+  index.Overlap(prefix, out);
+  return out;
 }
 
 // A chain of `n` block hashes continuing after `parent`; `salt` tells chains apart.
