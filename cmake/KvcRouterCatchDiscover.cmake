@@ -21,7 +21,6 @@
 #     longer matches any test case fails instead of silently passing.
 include_guard(GLOBAL)
 
-set(_KVC_ROUTER_CATCH_DISCOVER_IMPL "${CMAKE_CURRENT_LIST_DIR}/KvcRouterCatchDiscoverImpl.cmake")
 
 function(kvc_router_catch_discover_tests target)
   cmake_parse_arguments(PARSE_ARGV 1 arg ""
@@ -57,7 +56,7 @@ function(kvc_router_catch_discover_tests target)
     "set(KVC_DISCOVER_PROPERTIES [==[${arg_PROPERTIES}]==])\n"
     "set(KVC_DISCOVER_CACHE_FILE [==[${_base}${_cfg}_tests.cmake]==])\n"
     "set(KVC_DISCOVER_SELF [==[${_base}${_cfg}_discover.cmake]==])\n"
-    "include([==[${_KVC_ROUTER_CATCH_DISCOVER_IMPL}]==])\n")
+    "include([==[${CMAKE_CURRENT_FUNCTION_LIST_DIR}/KvcRouterCatchDiscoverImpl.cmake]==])\n")
   file(GENERATE OUTPUT "${_base}${_cfg}_discover.cmake" CONTENT "${_content}")
 
   if(_multi)

@@ -19,6 +19,8 @@ PACKAGES=(
   libxxhash-dev     # xxhash.h, used header-only (XXH_INLINE_ALL)
   catch2            # Catch2 2.13 (CMake package "Catch2", <catch2/catch.hpp>)
   libbenchmark-dev  # Google Benchmark 1.7.1 (CMake package "benchmark")
+  nlohmann-json3-dev  # simulator only: JSON traces and reports (nlohmann_json 3.11.2)
+  libcli11-dev      # simulator only: kvc-replay's flags (CLI11 2.1.2)
   python3
   gnuplot-nox
 )

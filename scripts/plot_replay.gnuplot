@@ -1,6 +1,7 @@
 # plot_replay.gnuplot: draws a kvc-replay comparison (kvc-replay --plot PATH.png
-# runs it). Left: TTFT CDF per policy (log time axis). Right: share of
-# Direct / Seed / Reseed / Fallback per policy.
+# runs it on the data files sim/include/kvc_sim/report.hpp's WritePlotData
+# writes). Left: TTFT CDF per policy (log time axis). Right: share of
+# Direct / Seed / Reseed / Fallback per policy (of the requests served).
 #
 # Variables (pass with gnuplot -e "..."):
 #   datadir    directory holding ttft_cdf.dat and modes.dat (written by kvc-replay)
@@ -28,6 +29,11 @@ set yrange [0:1]
 set grid xtics mxtics ytics
 set key bottom right
 set format x "10^{%T}"
+# Distinct, print-safe line colours for up to eight policies (kvc-replay
+# --policies all runs six), cycling after that.
+array colours[8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
+do for [i=1:8] { set linetype i linecolor rgb colours[i] }
+set linetype cycle 8
 n = words(policies)
 plot for [i=1:n] datadir."/ttft_cdf.dat" index (i-1) using 1:2 with lines linewidth 2 title word(policies, i)
 

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # kvc_router: the main job. Builds kvc-replay and replays, under every
-# routing policy (KVC v2 and v1, vanilla P/D, SGLang-style cache-aware DP,
-# colocated KVC):
-#   1. the built-in synthetic agentic workload (52 sessions, ~4,450 requests);
-#   2. the bundled Mooncake conversation trace.
+# registered policy (KVC v2, v1 and colocated; vanilla P/D; SGLang's P/D as
+# deployed today; SGLang's cache-aware data parallelism), each on the
+# topology it is defined for, on eight H100s (4P+4D or 8 colocated, profile
+# h100-8b) with 32 sessions active at a time, as benchmark clients replay
+# multi-turn datasets:
+#   1. the claude-code preset: 1,000 synthetic coding-agent sessions shaped
+#      like a public Claude Code session profile (contexts of ~50k-200k tokens);
+#   2. the bundled Mooncake conversation trace (data/traces/mooncake/).
 # Prints one comparison table per workload and writes JSON, CSV and a plot
 # (TTFT CDF and mode shares) to build/replay/.
 #
@@ -26,17 +30,14 @@ cmake --build build/release --parallel "${KVC_JOBS}" --target kvc-replay >&2
 
 out=build/replay
 mkdir -p "${out}"
-policies=kvc,kvc-v1,pd,dp,kvc-colo
+replay=(build/release/sim/tools/kvc-replay --profile h100-8b --concurrency 32 --policies all)
 
-kvc_log "replay 1/2: synthetic agentic workload"
-build/release/tools/kvc-replay --synthetic --policies "${policies}" \
-  --json "${out}/synthetic.json" --csv "${out}/synthetic.csv" --plot "${out}/synthetic.png"
+kvc_log "replay 1/2: claude-code preset (1,000 sessions, 32 at a time)"
+"${replay[@]}" --synthetic --preset claude-code \
+  --json "${out}/claude-code.json" --csv "${out}/claude-code.csv" --plot "${out}/claude-code.png"
 
-kvc_log "replay 2/2: Mooncake conversation trace (data/traces/mooncake)"
-build/release/tools/kvc-replay \
-  --trace data/traces/mooncake/conversation_trace.jsonl --format mooncake \
-  --prefill-workers 4 --decode-workers 4 --transfer rdma --kv-capacity 200000 \
-  --policies "${policies}" \
+kvc_log "replay 2/2: Mooncake conversation trace (data/traces/mooncake), 32 sessions at a time"
+"${replay[@]}" --trace data/traces/mooncake/conversation_trace.jsonl --format mooncake \
   --json "${out}/mooncake.json" --csv "${out}/mooncake.csv" --plot "${out}/mooncake.png"
 
-kvc_log "results: ${out}/{synthetic,mooncake}.{json,csv,png}"
+kvc_log "results: ${out}/{claude-code,mooncake}.{json,csv,png}"

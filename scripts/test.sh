@@ -4,7 +4,7 @@
 #   a. release build (RelWithDebInfo, -Werror, tests+examples+benchmarks) + ctest
 #   b. ASan+UBSan build (Debug + -O1, -Werror) + ctest without the "packaging" label
 #   c. TSan build of kvc_router_thread_tests only, run directly
-#   d. benchmark smoke run (if kvc_router_benchmarks was built)
+#   d. benchmark smoke run (kvc_router_benchmarks and kvc_sim_benchmarks)
 # and finally prints "N passed, 0 failed" (N = ctest tests passed in stage a).
 #
 # Environment:
@@ -179,22 +179,24 @@ fi
 # ---------------------------------------------------------------------------
 # d. benchmark smoke run
 # ---------------------------------------------------------------------------
-bench="build/release/benchmarks/kvc_router_benchmarks"
-if [[ -x "${bench}" ]]; then
-  STAGE="benchmark smoke"
-  kvc_log "benchmarks: smoke run (--benchmark_min_time=0.001)"
-  # Google Benchmark 1.7.1 takes a plain number of seconds here.
-  if ! "${bench}" --benchmark_min_time=0.001 \
-        --benchmark_out=build/release/benchmark-smoke.json --benchmark_out_format=json \
-        >build/release/benchmark-smoke.txt 2>&1; then
-    tail -n 50 build/release/benchmark-smoke.txt >&2
-    echo "test.sh: benchmark smoke run failed" >&2
-    exit 1
+for bench in build/release/benchmarks/kvc_router_benchmarks build/release/sim/kvc_sim_benchmarks; do
+  name="$(basename "${bench}")"
+  if [[ -x "${bench}" ]]; then
+    STAGE="benchmark smoke (${name})"
+    kvc_log "benchmarks: ${name} smoke run (--benchmark_min_time=0.001)"
+    # Google Benchmark 1.7.1 takes a plain number of seconds here.
+    if ! "${bench}" --benchmark_min_time=0.001 \
+          --benchmark_out="build/release/${name}-smoke.json" --benchmark_out_format=json \
+          >"build/release/${name}-smoke.txt" 2>&1; then
+      tail -n 50 "build/release/${name}-smoke.txt" >&2
+      echo "test.sh: benchmark smoke run of ${name} failed" >&2
+      exit 1
+    fi
+    echo "benchmark smoke output: build/release/${name}-smoke.{txt,json}" >&2
+  else
+    kvc_log "benchmarks: ${name} skipped (not built)"
   fi
-  echo "benchmark smoke output: build/release/benchmark-smoke.txt, build/release/benchmark-smoke.json" >&2
-else
-  kvc_log "benchmarks: skipped (${bench} not built)"
-fi
+done
 
 STAGE="done"
 echo "${release_passed} passed, 0 failed"

@@ -1,9 +1,15 @@
 // kvc_router/policy/policy.hpp
 //
-// One interface for every routing policy the simulator compares: the
-// KVC-Router (v2 and v1), vanilla P/D disaggregation, SGLang-style
-// cache-aware data parallelism, and later the EAR family (round-robin,
-// load_only, LMetric, sticky, unified, EAR with session migration).
+// One interface for routing policies a gateway can run and a simulator can
+// compare: the KVC-Router (kvc_policy.hpp) and, later, the EAR family. The
+// trace-replay simulator (sim/, target kvc_router::sim) drives policies only
+// through this interface and adds its own baselines (vanilla P/D, SGLang-style
+// P/D and cache-aware data parallelism) beside them; nothing here depends on
+// the simulator.
+//
+// `ClusterShape` is the one description of the pools a policy and a
+// simulated cluster share: |P| and |D| on the disaggregated topology, the
+// number of instances on the colocated one.
 //
 // A policy sees the cluster through `ClusterView`: the topology, each
 // instance's observable load (running requests, pending prefill tokens, KV
@@ -34,6 +40,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kvc_router/config.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router::policy {
@@ -48,6 +56,42 @@ enum class Topology : uint8_t {
 inline std::string_view TopologyName(Topology topology) {
   return topology == Topology::kDisaggregated ? "disaggregated" : "colocated";
 }
+
+// The pools of one cluster. Eight GPUs by default, as 4 prefill + 4 decode
+// workers or as 8 colocated instances (the EAR testbed's 8 x TP1).
+struct ClusterShape {
+  uint32_t prefill_workers = 4;
+  uint32_t decode_workers = 4;
+  // Colocated instances; 0 = prefill_workers + decode_workers (the same GPUs).
+  uint32_t colocated_instances = 0;
+
+  // Decode workers (disaggregated) or instances (colocated).
+  uint32_t instances(Topology topology) const {
+    if (topology == Topology::kDisaggregated) return decode_workers;
+    return colocated_instances != 0 ? colocated_instances : prefill_workers + decode_workers;
+  }
+  uint32_t prefill_pool(Topology topology) const {
+    return topology == Topology::kDisaggregated ? prefill_workers : 0;
+  }
+
+  absl::Status Validate() const {
+    if (decode_workers == 0 || decode_workers > kMaxWorkers || prefill_workers > kMaxWorkers ||
+        colocated_instances > kMaxWorkers || instances(Topology::kColocated) > kMaxWorkers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClusterShape: need 1..", kMaxWorkers, " decode workers and at most ", kMaxWorkers,
+          " prefill workers or instances (got ", prefill_workers, "P+", decode_workers, "D, ",
+          colocated_instances, " colocated)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The router's pools for `topology`: |D| = instances, |P| = 0 when colocated.
+  RouterConfig ApplyTo(RouterConfig router, Topology topology) const {
+    router.num_decode_workers = instances(topology);
+    router.num_prefill_workers = prefill_pool(topology);
+    return router;
+  }
+};
 
 // What a gateway can observe about one decode worker or colocated instance.
 struct InstanceLoad {
@@ -121,7 +165,8 @@ struct Placement {
   std::array<uint32_t, kNumRejectReasons> rejections{};
   // Session migration (EAR): move the session's KV from this instance to
   // `instance` before serving. kNoWorker: no migration. Reserved for the EAR
-  // policies; the current simulator refuses placements that set it.
+  // policies; the simulator refuses placements that set it until migration
+  // is modelled.
   WorkerId migrate_from = kNoWorker;
 };
 

@@ -1,30 +1,28 @@
-// kvc_router/sim/instance.hpp
+// kvc_sim/instance.hpp
 //
 // The simulated workers. A `SimInstance` is a decode worker (P/D topology)
 // or a colocated instance; a `SimPrefillWorker` is a member of the P pool.
 //
-// An instance's KV pool IS the library's AdmissionController: it answers
-// the router's admission RPCs (Algorithm 2) and books every request that
-// occupies KV there, so the pool can never pass rho*K_d. Three kinds of
-// occupants:
-//  * sessions admitted by the KVC router, or taken by a cache-keeping policy:
-//    booked under the session id, they stay resident after their request
-//    (the session-aware cache) until evicted, least recently used first;
-//  * transient requests (plain P/D, KVC's Fallback): booked under a pseudo
-//    session id for input + output tokens and released when they finish.
-// When an admission is short of room only because of idle sessions, the
-// instance evicts idle sessions (never the one asking) and decides again:
-// a real worker's evictable cache does not block admission.
+// An instance keeps KV in one of two ways, chosen by the policy it serves:
+//  * Policies that use decode-worker admission (KVC): the pool IS the
+//    library's AdmissionController, the seed's whole-session model. It
+//    answers the router's admission RPCs (Algorithm 2) and books every
+//    request that occupies KV there, so it never passes rho*K_d. Admitted
+//    sessions stay resident after their request until evicted, least
+//    recently used first; transient requests (KVC's Fallback) are booked
+//    under a pseudo session id and released when they finish. When only idle
+//    sessions stand in the way of an admission, they are evicted (never the
+//    one asking) and admission decides again: a real worker's evictable
+//    cache does not block admission.
+//  * Every other policy: a page-granular LRU prefix cache of K_d tokens
+//    (page_cache.hpp), as SGLang's radix cache keeps it, optionally spilling
+//    to a host tier.
+// Cache hits come from the instance, never from a router's estimate.
 //
-// Cache hits come from this pool, never from a router's estimate: a request
-// reuses min(reusable tokens, tokens the instance holds for its session)
-// when the instance holds the same context generation, or the leading run
-// of its blocks that any resident session holds (a radix-cache-like shared
-// prefix such as a system prompt), whichever is larger.
-//
-// Work lanes: one FIFO prefill lane per worker (its busy-until time), one
-// FIFO inbound KV link per decode worker, and a decode batch whose size and
-// total context set the step time.
+// Work lanes: a GPU timeline (gpu_timeline.hpp) on which local prefill
+// chunks and decode steps share every iteration; one FIFO inbound KV link.
+// A prefill worker has one FIFO prefill lane and, unless the policy models
+// vanilla P/D, its own page cache.
 //
 // Single-threaded; owned by the Simulator.
 #pragma once
@@ -42,6 +40,9 @@
 #include "kvc_router/admit.hpp"
 #include "kvc_router/config.hpp"
 #include "kvc_router/types.hpp"
+#include "kvc_sim/cost_model.hpp"
+#include "kvc_sim/gpu_timeline.hpp"
+#include "kvc_sim/page_cache.hpp"
 
 namespace kvc_router::sim {
 
@@ -51,8 +52,23 @@ inline constexpr SessionId kTransientSessionBit = SessionId{1} << 63;
 
 class SimInstance {
  public:
-  SimInstance(AdmissionController admission, bool prefix_cache, uint32_t block_tokens)
-      : admission_(std::move(admission)), prefix_cache_(prefix_cache), block_tokens_(block_tokens) {}
+  SimInstance(AdmissionController admission, PageCache pages, const CostModel& cost,
+              bool admission_pool, bool prefix_cache, uint32_t block_tokens)
+      : pages(std::move(pages)),
+        gpu(cost),
+        admission_(std::move(admission)),
+        admission_pool_(admission_pool),
+        prefix_cache_(prefix_cache),
+        block_tokens_(block_tokens) {}
+
+  // True when KV is kept by the AdmissionController (KVC); false: `pages`.
+  bool admission_pool() const { return admission_pool_; }
+  uint64_t used_tokens() const {
+    return admission_pool_ ? admission_.used_tokens() : pages.used_tokens();
+  }
+  uint64_t capacity_tokens() const {
+    return admission_pool_ ? admission_.config().capacity_tokens : pages.capacity_tokens();
+  }
 
   // Tokens a request of `session` would reuse here now (see the file comment).
   uint64_t CachedTokens(SessionId session, uint32_t segment, uint64_t reusable_tokens,
@@ -152,13 +168,14 @@ class SimInstance {
   const AdmissionController& admission() const { return admission_; }
   AdmissionController& admission() { return admission_; }
 
+  // The page-granular cache (policies without admission).
+  PageCache pages;
   // Work lanes and load, maintained by the Simulator.
-  double prefill_free_at = 0;
+  GpuTimeline gpu;
+  uint64_t gpu_version = 0;  // wake-ups of older versions are stale
+  bool gpu_dirty = false;
   double link_free_at = 0;
-  uint64_t pending_prefill_tokens = 0;
   uint32_t running_requests = 0;
-  uint64_t decode_batch = 0;
-  uint64_t decode_context_tokens = 0;
   uint64_t peak_used_tokens = 0;
   std::deque<uint32_t> waiting;  // requests waiting for KV memory, FIFO
 
@@ -187,6 +204,7 @@ class SimInstance {
   }
 
   AdmissionController admission_;
+  bool admission_pool_;
   bool prefix_cache_;
   uint32_t block_tokens_;
   // Blocks held by resident sessions, with the number of sessions holding each.
@@ -195,6 +213,9 @@ class SimInstance {
 };
 
 struct SimPrefillWorker {
+  explicit SimPrefillWorker(PageCache cache) : pages(std::move(cache)) {}
+  // Prefix cache of the prefill engine (disabled for vanilla P/D).
+  PageCache pages;
   double free_at = 0;
   uint64_t pending_prefill_tokens = 0;
   uint32_t running_requests = 0;

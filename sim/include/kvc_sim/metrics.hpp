@@ -1,9 +1,9 @@
-// kvc_router/sim/metrics.hpp
+// kvc_sim/metrics.hpp
 //
 // What one replay of one policy measured (`PolicyResult`), and the summary
 // statistics used to report it. Percentiles interpolate linearly between
 // order statistics (the "type 7" definition of R and NumPy), over every
-// finished request. All fields are derived from the simulated run only, so
+// served request (refused requests have no latency). All fields are derived from the simulated run only, so
 // two runs with the same inputs give identical results.
 #pragma once
 
@@ -59,6 +59,7 @@ struct PolicyResult {
   uint32_t instances = 0;
 
   uint64_t requests = 0;
+  // Served requests by mode (refused ones are in none).
   std::array<uint64_t, kNumDecisionModes> mode_counts{};
   // Token accounting: input = cached + prefilled (on P or locally).
   uint64_t input_tokens = 0;
@@ -68,6 +69,8 @@ struct PolicyResult {
   uint64_t prefill_tokens_local = 0;   // prefilled on the serving instance
   uint64_t kv_transfer_tokens = 0;
   uint64_t kv_transfer_bytes = 0;
+  // Of the cached tokens, those reloaded from a host tier.
+  uint64_t host_reload_tokens = 0;
 
   Summary ttft_s;
   Summary e2e_s;
@@ -82,10 +85,10 @@ struct PolicyResult {
   // served the session's previous session-aware turn.
   uint64_t migrations = 0;
   uint64_t evictions = 0;
-  // Requests that waited for KV memory before starting, and requests larger
-  // than an instance's whole budget (run without a booking).
+  // Requests that waited for KV memory before starting, and requests whose
+  // input and output exceed a worker's whole pool (refused, never run).
   uint64_t memory_waits = 0;
-  uint64_t oversize_requests = 0;
+  uint64_t refused_oversize = 0;
   // Largest KV use seen on any instance, and the budget floor(rho*K_d).
   uint64_t peak_used_tokens = 0;
   uint64_t budget_tokens = 0;
@@ -96,14 +99,23 @@ struct PolicyResult {
   // makespan / trace span; NaN when the trace has no span.
   double amplification = 0;
   uint64_t events = 0;
+  // Client load: the concurrency limit (0 = none), and time averages over the
+  // makespan of requests in flight (issue to finish) and of active sessions
+  // (first arrival to last finish).
+  uint32_t concurrency = 0;
+  double in_flight_mean = 0;
+  double sessions_active_mean = 0;
+  uint64_t sessions_active_max = 0;
 
   // Every request's TTFT, ascending (for CDF plots).
   std::vector<double> ttft_sorted_s;
 
+  uint64_t served() const { return requests - refused_oversize; }
+  // Share of served requests.
   double mode_share(DecisionMode mode) const {
-    return requests == 0 ? 0.0
+    return served() == 0 ? 0.0
                          : static_cast<double>(mode_counts[static_cast<int>(mode)]) /
-                               static_cast<double>(requests);
+                               static_cast<double>(served());
   }
   double hit_rate() const {
     return input_tokens == 0 ? 0.0

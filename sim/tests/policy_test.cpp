@@ -1,7 +1,7 @@
-// Tests of the policy interface and the policies of issue 4
-// (kvc_router/policy/): the registry, vanilla P/D round-robin, SGLang-style
-// cache-aware DP, and the KVC-Router driven through ClusterView::Admit.
-#include "kvc_router/policy/registry.hpp"
+// Tests of the policy interface and the policies: the registry, vanilla P/D
+// round-robin, SGLang-style cache-aware selection (dp and pd-sglang), and
+// the KVC-Router driven through ClusterView::Admit.
+#include "kvc_sim/policies/registry.hpp"
 
 #include <catch2/catch.hpp>
 #include <string>
@@ -11,8 +11,15 @@
 #include "kvc_router/block_hash.hpp"
 #include "test_support.hpp"
 
-namespace kvc_router::policy {
+namespace kvc_router::sim {
 namespace {
+
+using policy::Booking;
+using policy::ClusterView;
+using policy::InstanceLoad;
+using policy::Placement;
+using policy::PolicyRequest;
+using policy::Topology;
 
 // A cluster of real AdmissionControllers with settable loads.
 class FakeCluster final : public ClusterView {
@@ -75,13 +82,19 @@ struct Session {
   }
 };
 
-PolicyEnvironment Env() {
-  PolicyEnvironment env;
-  env.prefill_workers = 2;
-  env.decode_workers = 3;
-  env.block_tokens = 16;
-  env.kv_capacity_tokens = 10000;
-  return env;
+PolicySetup Env() {
+  PolicySetup setup;
+  setup.cluster = {.prefill_workers = 2, .decode_workers = 3, .colocated_instances = 0};
+  setup.router.block_tokens = 16;
+  setup.router.max_admit_attempts = 2;
+  setup.admission.capacity_tokens = 10000;
+  return setup;
+}
+
+std::unique_ptr<policy::RoutingPolicy> Make(const std::string& name, const PolicySetup& setup) {
+  absl::StatusOr<MadePolicy> made = MakePolicy(name, setup);
+  REQUIRE(made.ok());
+  return std::move(made->policy);
 }
 
 TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
@@ -90,25 +103,31 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
     names.emplace_back(info.name);
     CHECK_FALSE(info.description.empty());
   }
-  CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "pd", "dp", "kvc-colo"});
-  for (const std::string& name : names) {
-    auto policy = MakePolicy(name, Env());
-    REQUIRE(policy.ok());
-    CHECK((*policy)->name() == name);
+  CHECK(names ==
+        std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "pd", "pd-sglang", "dp"});
+  for (const PolicyInfo& info : ListPolicies()) {
+    auto policy = Make(std::string(info.name), Env());
+    CHECK(policy->name() == info.name);
+    CHECK(policy->topology() == info.topology);
   }
-  CHECK((*MakePolicy("kvc", Env()))->topology() == Topology::kDisaggregated);
-  CHECK((*MakePolicy("kvc-colo", Env()))->topology() == Topology::kColocated);
-  CHECK((*MakePolicy("dp", Env()))->topology() == Topology::kColocated);
-  CHECK((*MakePolicy("kvc", Env()))->uses_admission());
-  CHECK_FALSE((*MakePolicy("pd", Env()))->uses_admission());
+  CHECK(Make("kvc", Env())->uses_admission());
+  CHECK_FALSE(Make("pd", Env())->uses_admission());
+  CHECK_FALSE(Make("pd-sglang", Env())->uses_admission());
+  // Vanilla P/D is the only policy whose engines neither cache on P nor send deltas.
+  CHECK_FALSE(MakePolicy("pd", Env())->engine.prefill_cache);
+  CHECK_FALSE(MakePolicy("pd", Env())->engine.delta_transfer);
+  CHECK(MakePolicy("pd-sglang", Env())->engine.delta_transfer);
   auto unknown = MakePolicy("lmetric", Env());
   REQUIRE_FALSE(unknown.ok());
-  CHECK_THAT(test::Message(unknown.status()), Catch::Contains("known: kvc, kvc-v1, pd, dp"));
-  PolicyEnvironment no_p = Env();
-  no_p.prefill_workers = 0;
+  CHECK_THAT(test::Message(unknown.status()), Catch::Contains("known: kvc, kvc-v1, kvc-colo"));
+  PolicySetup no_p = Env();
+  no_p.cluster.prefill_workers = 0;
   CHECK_FALSE(MakePolicy("kvc", no_p).ok());
   CHECK_FALSE(MakePolicy("pd", no_p).ok());
+  CHECK_FALSE(MakePolicy("pd-sglang", no_p).ok());
   CHECK(MakePolicy("kvc-colo", no_p).ok());
+  CHECK(ExpandPolicyNames({"all"}).size() == ListPolicies().size());
+  CHECK(ExpandPolicyNames({"kvc", "dp"}) == std::vector<std::string>{"kvc", "dp"});
 }
 
 TEST_CASE("pd: round-robin prefill and decode, every turn transient", "[policy]") {
@@ -130,7 +149,8 @@ TEST_CASE("dp: follows the cache above the threshold, balances otherwise", "[pol
   FakeCluster cluster(Topology::kColocated, 0, 3, 100000);
   CacheAwareOptions options;
   options.cache_threshold = 0.5;
-  CacheAwareDpPolicy dp(3, 16, 100000, options);
+  options.eviction_interval_s = 0;
+  CacheAwareDpPolicy dp(3, 16, options);
   Session a{1, {}}, b{2, {}}, c{3, {}};
   // New sessions go to the smallest tree (ties: lowest id).
   auto pa = dp.Place(a.Next(1, 30), cluster);
@@ -158,7 +178,7 @@ TEST_CASE("dp: an imbalanced cluster overrides the cache", "[policy]") {
   CacheAwareOptions options;
   options.balance_abs_threshold = 2;
   options.balance_rel_threshold = 1.5;
-  CacheAwareDpPolicy dp(2, 16, 100000, options);
+  CacheAwareDpPolicy dp(2, 16, options);
   Session a{1, {}};
   std::vector<WorkerId> chosen;
   for (uint64_t i = 0; i < 4; ++i) {
@@ -180,61 +200,139 @@ TEST_CASE("dp: an imbalanced cluster overrides the cache", "[policy]") {
 
 TEST_CASE("kvc: admission answers come from the workers, v2 sticks to the pin", "[policy]") {
   FakeCluster cluster(Topology::kDisaggregated, 2, 3, 10000);
-  auto kvc = MakePolicy("kvc", Env());
-  REQUIRE(kvc.ok());
+  auto kvc = Make("kvc", Env());
   Session s{9, {}};
   PolicyRequest r0 = s.Next(0, 20);
-  auto p0 = (*kvc)->Place(r0, cluster);
+  auto p0 = kvc->Place(r0, cluster);
   REQUIRE(p0.ok());
   CHECK(p0->mode == DecisionMode::kSeed);
   CHECK(p0->booking == Booking::kAdmitted);
   CHECK(p0->prefill != kNoWorker);
   CHECK(p0->admit_attempts == 1);
   CHECK(cluster.worker(p0->instance).IsResident(9));
-  (*kvc)->OnFinished(r0, *p0, cluster);
+  kvc->OnFinished(r0, *p0, cluster);
   REQUIRE(cluster.worker(p0->instance).OnRequestFinished(9).ok());
 
   PolicyRequest r1 = s.Next(1, 2);
-  auto p1 = (*kvc)->Place(r1, cluster);
+  auto p1 = kvc->Place(r1, cluster);
   REQUIRE(p1.ok());
   CHECK(p1->mode == DecisionMode::kDirect);
   CHECK(p1->instance == p0->instance);
   CHECK(p1->prefill == kNoWorker);
-  (*kvc)->OnFinished(r1, *p1, cluster);
+  kvc->OnFinished(r1, *p1, cluster);
   REQUIRE(cluster.worker(p1->instance).OnRequestFinished(9).ok());
 
   // Every worker full: two rejections (epsilon = 2), then a transient Fallback.
   Session big{10, {}};
   PolicyRequest huge = big.Next(2, 700);  // 11,200 tokens > rho * 10,000
-  auto p2 = (*kvc)->Place(huge, cluster);
+  auto p2 = kvc->Place(huge, cluster);
   REQUIRE(p2.ok());
   CHECK(p2->mode == DecisionMode::kFallback);
   CHECK(p2->booking == Booking::kTransient);
   CHECK(p2->admit_attempts == 2);
   CHECK(p2->rejections[static_cast<int>(RejectReason::kSessionNotResidentNoCapacity)] == 2);
-  (*kvc)->OnFinished(huge, *p2, cluster);
+  kvc->OnFinished(huge, *p2, cluster);
 }
 
 TEST_CASE("kvc: an unreachable worker counts as worker-unavailable", "[policy]") {
   // The cluster claims 3 instances but the policy was built for 4: the
   // fourth admission RPC fails like a dead worker would.
   FakeCluster cluster(Topology::kDisaggregated, 1, 3, 10000);
-  PolicyEnvironment env = Env();
-  env.decode_workers = 4;
-  env.max_admit_attempts = 4;
-  auto kvc = MakePolicy("kvc", env);
-  REQUIRE(kvc.ok());
+  PolicySetup setup = Env();
+  setup.cluster.decode_workers = 4;
+  setup.router.max_admit_attempts = 0;  // epsilon = |D| = 4
+  auto kvc = Make("kvc", setup);
   // Fill the three real workers so the router also tries the fourth.
   for (WorkerId d = 0; d < 3; ++d) {
     REQUIRE(cluster.worker(d).Admit(AdmitQuery{100 + d, 0, 9000, 9000})->admitted);
   }
   Session s{1, {}};
-  auto p = (*kvc)->Place(s.Next(0, 100), cluster);
+  auto p = kvc->Place(s.Next(0, 100), cluster);
   REQUIRE(p.ok());
   CHECK(p->mode == DecisionMode::kFallback);
   CHECK(p->rejections[static_cast<int>(RejectReason::kWorkerUnavailable)] == 1);
   CHECK(p->rejections[static_cast<int>(RejectReason::kSessionNotResidentNoCapacity)] == 3);
 }
 
+TEST_CASE("cache-aware: launcher and Rust defaults are SGLang's", "[policy]") {
+  const CacheAwareOptions launcher = CacheAwareOptions::Launcher();
+  CHECK(launcher.cache_threshold == 0.3);
+  CHECK(launcher.balance_abs_threshold == 64);
+  CHECK(launcher.balance_rel_threshold == 1.5);
+  CHECK(launcher.eviction_interval_s == 120);
+  CHECK(launcher.max_tree_chars == uint64_t{1} << 26);
+  const CacheAwareOptions rust = CacheAwareOptions::Rust();
+  CHECK(rust.cache_threshold == 0.5);
+  CHECK(rust.balance_abs_threshold == 32);
+  CHECK(rust.balance_rel_threshold == 1.1);
+  CacheAwareOptions bad;
+  bad.balance_rel_threshold = 0.5;
+  CHECK_FALSE(bad.Validate().ok());
+  PolicySetup setup = Env();
+  setup.cache_aware.cache_threshold = 2;
+  auto refused = MakePolicy("dp", setup);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(test::Message(refused.status()), Catch::Contains("cache_threshold"));
+}
+
+TEST_CASE("cache-aware: the tree is trimmed every eviction interval, oldest sessions first",
+          "[policy]") {
+  FakeCluster cluster(Topology::kColocated, 0, 2, 100000);
+  CacheAwareOptions options;
+  options.eviction_interval_s = 120;
+  options.max_tree_chars = 4 * 16 * 25;  // 25 blocks of 16 tokens at 4 chars per token
+  CacheAwareSelector selector(2, 16, options);
+  Session a{1, {}}, b{2, {}};
+  cluster.now = 0;
+  CHECK(selector.Select(a.Next(0, 20), cluster.now) == 0);
+  selector.Done(0);
+  cluster.now = 10;
+  CHECK(selector.Select(b.Next(1, 20), cluster.now) == 1);
+  selector.Done(1);
+  cluster.now = 20;
+  // b's second turn follows its cache to instance 1 (22 > 0.3 * 22 blocks).
+  CHECK(selector.Select(b.Next(2, 2), cluster.now) == 1);
+  selector.Done(1);
+  CHECK(selector.tree_blocks(0) == 20);
+  CHECK(selector.tree_blocks(1) == 22);
+  // Before the next sweep nothing is trimmed, even above the bound.
+  Session c{3, std::vector<BlockHash>(b.chain.begin(), b.chain.end())};
+  cluster.now = 100;
+  CHECK(selector.Select(c.Next(3, 10), cluster.now) == 1);
+  selector.Done(1);
+  CHECK(selector.tree_blocks(1) == 22 + 32);
+  // At 120 s the sweep trims instance 1 to 25 blocks: b (older) goes first,
+  // then c still exceeds the bound and goes too; instance 0 is within it.
+  cluster.now = 130;
+  Session d{4, {}};
+  (void)selector.Select(d.Next(4, 1), cluster.now);
+  CHECK(selector.tree_blocks(0) <= 21);
+  CHECK(selector.tree_blocks(1) <= 25);
+}
+
+TEST_CASE("pd-sglang: prefill and decode chosen cache-aware, each pool on its own", "[policy]") {
+  FakeCluster cluster(Topology::kDisaggregated, 2, 3, 100000);
+  PdSglangPolicy pd(2, 3, 16, CacheAwareOptions::Launcher());
+  Session a{1, {}}, b{2, {}};
+  auto a0 = pd.Place(a.Next(0, 20), cluster);
+  auto b0 = pd.Place(b.Next(1, 20), cluster);
+  REQUIRE((a0.ok() && b0.ok()));
+  // Fresh trees: the smallest tree wins, so the two sessions spread out.
+  CHECK(a0->prefill == 0);
+  CHECK(a0->instance == 0);
+  CHECK(b0->prefill == 1);
+  CHECK(b0->instance == 1);
+  CHECK(a0->booking == Booking::kSession);
+  pd.OnFinished(PolicyRequest{}, *a0, cluster);
+  pd.OnFinished(PolicyRequest{}, *b0, cluster);
+  // Later turns follow their caches on both sides.
+  auto a1 = pd.Place(a.Next(2, 3), cluster);
+  REQUIRE(a1.ok());
+  CHECK(a1->prefill == 0);
+  CHECK(a1->instance == 0);
+  CHECK_FALSE(pd.uses_admission());
+  CHECK(cluster.asked.empty());
+}
+
 }  // namespace
-}  // namespace kvc_router::policy
+}  // namespace kvc_router::sim

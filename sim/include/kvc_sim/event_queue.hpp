@@ -1,4 +1,4 @@
-// kvc_router/sim/event_queue.hpp
+// kvc_sim/event_queue.hpp
 //
 // The simulator's agenda: a binary min-heap of events ordered by
 // (time, sequence). The sequence number is assigned at push, so events at

@@ -1,4 +1,4 @@
-// kvc_router/sim/trace.hpp
+// kvc_sim/trace.hpp
 //
 // The workload the simulator replays, and the loaders that build it from
 // JSONL trace files.
@@ -25,8 +25,11 @@
 //    and its whole prompt; later lines have `delay` (ms after the previous
 //    turn finished) and only their NEW tokens. A later prompt is the previous
 //    prompt + the previous output + the new tokens.
-// Unknown fields are ignored; a malformed line is an error naming the line,
-// and the loader returns no trace at all then.
+// Each line is one JSON object, parsed with nlohmann-json. Unknown fields are
+// ignored, whatever their type; a repeated key or nesting deeper than
+// kMaxJsonDepth is refused. A malformed line is an error naming the line (and
+// for invalid JSON the column), and the loader returns no trace at all then.
+// Nothing throws out of the loaders.
 //
 // Trace ids become router block hashes by chaining: hash_i =
 // HashBlock(hash_{i-1}, id_i as two 32-bit words), so equal id prefixes give
@@ -37,9 +40,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <istream>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,7 +56,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kvc_router/block_hash.hpp"
-#include "kvc_router/sim/json_line.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router::sim {
@@ -74,6 +78,10 @@ inline std::string_view TraceFormatName(TraceFormat format) {
 // in tokens: bounds the memory a hostile trace can make the loader allocate.
 inline constexpr uint64_t kMaxTurnTokens = uint64_t{1} << 24;
 inline constexpr uint64_t kMaxSessionContextTokens = uint64_t{1} << 26;
+// Deepest nesting of arrays/objects inside a line's object. No trace field
+// nests; the bound keeps a hostile line from making the loader build an
+// arbitrarily deep value.
+inline constexpr size_t kMaxJsonDepth = 32;
 
 // Chains one trace block id onto `parent`.
 inline BlockHash ChainTraceId(BlockHash parent, uint64_t id) {
@@ -223,19 +231,141 @@ inline absl::Status LineError(uint64_t line, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("line ", line, ": ", std::string(what)));
 }
 
-inline absl::StatusOr<uint64_t> FieldUint(const JsonLine& json, std::string_view key,
+// nlohmann-json's explanation without its "[json.exception.parse_error.101]
+// parse error at line 1, column 8: " preamble: the loaders name the trace's
+// line and the column themselves, and nlohmann-json only ever sees one line.
+inline std::string JsonErrorReason(const nlohmann::json::exception& e) {
+  std::string_view what = e.what();
+  if (const size_t end = what.find("] ");
+      what.starts_with("[json.exception.") && end != std::string_view::npos) {
+    what.remove_prefix(end + 2);
+  }
+  if (const size_t colon = what.find(": ");
+      what.starts_with("parse error") && colon != std::string_view::npos) {
+    what.remove_prefix(colon + 2);
+  }
+  return std::string(what);
+}
+
+// Builds one line's value from nlohmann-json's SAX events. json::parse would
+// either throw or, without exceptions, lose the position of the error, and it
+// reports a number overflow (1e999) as an out_of_range with no position at
+// all; the SAX parser hands every error to parse_error() with its byte
+// offset, so each malformed line names its column and nothing throws.
+// It also refuses what nlohmann-json would quietly accept but a trace line
+// must not contain: a key repeated in the line's object (nlohmann-json keeps
+// the last one; the line says two things about one field) and nesting deeper
+// than kMaxJsonDepth.
+class JsonLineBuilder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  bool null() override { return Add(nullptr); }
+  bool boolean(bool value) override { return Add(value); }
+  bool number_integer(number_integer_t value) override { return Add(value); }
+  bool number_unsigned(number_unsigned_t value) override { return Add(value); }
+  bool number_float(number_float_t value, const string_t& /*text*/) override { return Add(value); }
+  bool string(string_t& value) override { return Add(std::move(value)); }
+  bool binary(binary_t& value) override { return Add(nlohmann::json::binary(std::move(value))); }
+  bool start_object(std::size_t /*elements*/) override { return Open(nlohmann::json::object()); }
+  bool key(string_t& name) override {
+    // Only the line's own object: nested values are never read, so their
+    // keys cannot make the line ambiguous.
+    if (open_.size() == 1 && open_.back()->contains(name)) {
+      error_ = absl::StrCat("duplicate key \"", name, "\"");
+      return false;
+    }
+    key_ = std::move(name);
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t /*elements*/) override { return Open(nlohmann::json::array()); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t position, const std::string& /*last_token*/,
+                   const nlohmann::json::exception& e) override {
+    // One line in, so the byte offset is the column.
+    error_ = absl::StrCat("column ", position, ": ", JsonErrorReason(e));
+    return false;
+  }
+
+  nlohmann::json& root() { return root_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  // Puts `value` into the innermost open container (or makes it the root)
+  // and returns where it now lives, or nullptr when it nests too deep.
+  nlohmann::json* Place(nlohmann::json&& value) {
+    if (open_.size() > kMaxJsonDepth) {
+      error_ = absl::StrCat("nesting deeper than ", kMaxJsonDepth, " levels");
+      return nullptr;
+    }
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    nlohmann::json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      return &parent.back();
+    }
+    return &(parent[key_] = std::move(value));
+  }
+  bool Add(nlohmann::json&& value) { return Place(std::move(value)) != nullptr; }
+  bool Open(nlohmann::json&& container) {
+    nlohmann::json* placed = Place(std::move(container));
+    if (placed == nullptr) return false;
+    open_.push_back(placed);
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  nlohmann::json root_;
+  // Containers still being filled, outermost first. Nothing is added to a
+  // container while a child of it is open, so these pointers stay valid.
+  std::vector<nlohmann::json*> open_;
+  std::string key_;  // the key whose value comes next, when open_.back() is an object
+  std::string error_;
+};
+
+// Parses one trace line into a JSON object; errors name the line.
+inline absl::StatusOr<nlohmann::json> ParseLine(uint64_t line, std::string_view text) {
+  JsonLineBuilder builder;
+  if (!nlohmann::json::sax_parse(text, &builder)) {
+    return LineError(line, builder.error().empty() ? "invalid JSON" : builder.error());
+  }
+  if (!builder.root().is_object()) {
+    const size_t start = text.find_first_not_of(" \t\r\n");
+    return LineError(line, absl::StrCat("column ", start == std::string_view::npos ? 1 : start + 1,
+                                        ": expected a JSON object"));
+  }
+  return std::move(builder.root());
+}
+
+// The member `key` of a line's object, or nullptr when the line has none.
+inline const nlohmann::json* Find(const nlohmann::json& object, std::string_view key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+inline absl::StatusOr<uint64_t> FieldUint(const nlohmann::json& json, std::string_view key,
                                           uint64_t line, uint64_t max_value) {
-  const JsonValue* value = json.Find(key);
+  const nlohmann::json* value = Find(json, key);
   if (value == nullptr) {
     return LineError(line, absl::StrCat("missing field \"", std::string(key), "\""));
   }
   uint64_t result = 0;
-  if (value->kind == JsonValue::Kind::kNumber && value->is_integer && value->integer >= 0) {
-    result = static_cast<uint64_t>(value->integer);
-  } else if (value->kind == JsonValue::Kind::kNumber && !value->is_integer &&
-             value->number >= 0 && value->number <= 9007199254740992.0 &&
-             value->number == static_cast<double>(static_cast<uint64_t>(value->number))) {
-    result = static_cast<uint64_t>(value->number);
+  if (value->is_number_unsigned()) {
+    result = value->get<uint64_t>();
+  } else if (value->is_number_integer() && value->get<int64_t>() >= 0) {
+    // Only "-0": nlohmann-json stores every other non-negative integer as unsigned.
+    result = static_cast<uint64_t>(value->get<int64_t>());
+  } else if (const double number = value->is_number_float() ? value->get<double>() : -1;
+             number >= 0 && number <= 9007199254740992.0 &&
+             number == static_cast<double>(static_cast<uint64_t>(number))) {
+    // Trace writers that go through a float type print 1024.0 or 1.024e3;
+    // only values a double represents exactly (up to 2^53) are trusted.
+    result = static_cast<uint64_t>(number);
   } else {
     return LineError(line, absl::StrCat("field \"", std::string(key),
                                         "\" must be a non-negative integer"));
@@ -248,36 +378,46 @@ inline absl::StatusOr<uint64_t> FieldUint(const JsonLine& json, std::string_view
 }
 
 // A non-negative finite number, scaled (milliseconds -> seconds).
-inline absl::StatusOr<double> FieldSeconds(const JsonValue* value, std::string_view key,
+inline absl::StatusOr<double> FieldSeconds(const nlohmann::json& value, std::string_view key,
                                            uint64_t line, double scale) {
-  if (value->kind != JsonValue::Kind::kNumber || !(value->number >= 0)) {
+  if (!value.is_number() || !(value.get<double>() >= 0)) {
     return LineError(line, absl::StrCat("field \"", std::string(key),
                                         "\" must be a non-negative number"));
   }
-  return value->number * scale;
+  return value.get<double>() * scale;
 }
 
-inline absl::StatusOr<const std::vector<int64_t>*> FieldIds(const JsonLine& json,
-                                                            std::string_view key, uint64_t line,
-                                                            bool required) {
-  const JsonValue* value = json.Find(key);
+// The ids of an array of non-negative integers; empty when the field is
+// absent and not required.
+inline absl::StatusOr<std::vector<int64_t>> FieldIds(const nlohmann::json& json,
+                                                     std::string_view key, uint64_t line,
+                                                     bool required) {
+  const nlohmann::json* value = Find(json, key);
   if (value == nullptr) {
     if (required) {
       return LineError(line, absl::StrCat("missing field \"", std::string(key), "\""));
     }
-    return static_cast<const std::vector<int64_t>*>(nullptr);
+    return std::vector<int64_t>();
   }
-  if (value->kind != JsonValue::Kind::kIntArray) {
+  std::vector<int64_t> ids;
+  // Ids are kept as int64_t, so larger ones are refused rather than wrapped.
+  const auto is_id = [](const nlohmann::json& id) {
+    return id.is_number_integer() &&
+           !(id.is_number_unsigned() && id.get<uint64_t>() > uint64_t{INT64_MAX});
+  };
+  if (!value->is_array() || !std::all_of(value->begin(), value->end(), is_id)) {
     return LineError(line, absl::StrCat("field \"", std::string(key),
                                         "\" must be an array of integers"));
   }
-  for (int64_t id : value->integers) {
-    if (id < 0) {
+  ids.reserve(value->size());
+  for (const nlohmann::json& id : *value) {
+    ids.push_back(id.get<int64_t>());
+    if (ids.back() < 0) {
       return LineError(line, absl::StrCat("field \"", std::string(key),
-                                          "\" has a negative id ", id));
+                                          "\" has a negative id ", ids.back()));
     }
   }
-  return &value->integers;
+  return ids;
 }
 
 // Reads non-blank lines, calling `fn(line_number, text)`; stops at the first error.
@@ -292,12 +432,6 @@ absl::Status ForEachLine(std::istream& in, Fn&& fn) {
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat("read error after line ", line));
   return absl::OkStatus();
-}
-
-inline absl::StatusOr<JsonLine> ParseLine(uint64_t line, std::string_view text) {
-  absl::StatusOr<JsonLine> json = JsonLine::Parse(text);
-  if (!json.ok()) return LineError(line, std::string(json.status().message()));
-  return json;
 }
 
 }  // namespace detail
@@ -319,23 +453,23 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
   std::vector<Raw> raws;
   std::vector<int64_t> ids;
   absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
-    absl::StatusOr<JsonLine> json = detail::ParseLine(line, text);
+    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text);
     if (!json.ok()) return json.status();
-    const JsonValue* ts = json->Find("timestamp");
+    const nlohmann::json* ts = detail::Find(*json, "timestamp");
     if (ts == nullptr) return detail::LineError(line, "missing field \"timestamp\"");
-    absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+    absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
     if (!arrival.ok()) return arrival.status();
     absl::StatusOr<uint64_t> input = detail::FieldUint(*json, "input_length", line, kMaxTurnTokens);
     if (!input.ok()) return input.status();
     absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
     if (!output.ok()) return output.status();
-    absl::StatusOr<const std::vector<int64_t>*> hash_ids =
+    absl::StatusOr<std::vector<int64_t>> hash_ids =
         detail::FieldIds(*json, "hash_ids", line, /*required=*/true);
     if (!hash_ids.ok()) return hash_ids.status();
     const uint64_t expected = (*input + block - 1) / block;
-    if ((*hash_ids)->size() != expected) {
+    if (hash_ids->size() != expected) {
       return detail::LineError(
-          line, absl::StrCat("\"hash_ids\" has ", (*hash_ids)->size(), " ids but input_length ",
+          line, absl::StrCat("\"hash_ids\" has ", hash_ids->size(), " ids but input_length ",
                              *input, " needs ", expected, " blocks of ", block,
                              " tokens (is the block size right?)"));
     }
@@ -344,8 +478,8 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
     }
     if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
     raws.push_back(Raw{static_cast<uint32_t>(line), *arrival, *input, *output, ids.size(),
-                       static_cast<uint32_t>((*hash_ids)->size())});
-    ids.insert(ids.end(), (*hash_ids)->begin(), (*hash_ids)->end());
+                       static_cast<uint32_t>(hash_ids->size())});
+    ids.insert(ids.end(), hash_ids->begin(), hash_ids->end());
     return absl::OkStatus();
   });
   if (!read.ok()) return read;
@@ -484,15 +618,17 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
 
   uint32_t order = 0;
   absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
-    absl::StatusOr<JsonLine> json = detail::ParseLine(line, text);
+    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text);
     if (!json.ok()) return json.status();
-    const JsonValue* sid = json->Find("session_id");
+    const nlohmann::json* sid = detail::Find(*json, "session_id");
     if (sid == nullptr) return detail::LineError(line, "missing field \"session_id\"");
     std::string name;
-    if (sid->kind == JsonValue::Kind::kString) {
-      name = sid->string;
-    } else if (sid->kind == JsonValue::Kind::kNumber && sid->is_integer) {
-      name = absl::StrCat(sid->integer);
+    if (sid->is_string()) {
+      name = sid->get<std::string>();
+    } else if (sid->is_number_unsigned()) {
+      name = absl::StrCat(sid->get<uint64_t>());
+    } else if (sid->is_number_integer()) {
+      name = absl::StrCat(sid->get<int64_t>());
     } else {
       return detail::LineError(line, "field \"session_id\" must be a string or an integer");
     }
@@ -500,7 +636,7 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     if (!input.ok()) return input.status();
     absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
     if (!output.ok()) return output.status();
-    absl::StatusOr<const std::vector<int64_t>*> ids =
+    absl::StatusOr<std::vector<int64_t>> ids =
         detail::FieldIds(*json, "hash_ids", line, /*required=*/false);
     if (!ids.ok()) return ids.status();
     if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
@@ -518,24 +654,24 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     t.line = static_cast<uint32_t>(line);
     t.segment = s;
     t.output_tokens = *output;
-    const JsonValue* ts = json->Find("timestamp");
-    const JsonValue* delay = json->Find("delay");
+    const nlohmann::json* ts = detail::Find(*json, "timestamp");
+    const nlohmann::json* delay = detail::Find(*json, "delay");
     if (t.turn == 0) {
       if (ts == nullptr) {
         return detail::LineError(line, absl::StrCat("the first turn of session \"", name,
                                                     "\" needs a \"timestamp\""));
       }
-      absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+      absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
       if (!arrival.ok()) return arrival.status();
       t.arrival_s = *arrival;
     } else {
       const TraceTurn& prev = b.turns.back();
       if (delay != nullptr) {
-        absl::StatusOr<double> d = detail::FieldSeconds(delay, "delay", line, 1e-3);
+        absl::StatusOr<double> d = detail::FieldSeconds(*delay, "delay", line, 1e-3);
         if (!d.ok()) return d.status();
         t.delay_s = *d;
       } else if (ts != nullptr) {
-        absl::StatusOr<double> arrival = detail::FieldSeconds(ts, "timestamp", line, 1e-3);
+        absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
         if (!arrival.ok()) return arrival.status();
         t.delay_s = std::max(0.0, *arrival - prev.arrival_s);
       } else {
@@ -553,7 +689,7 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     }
     t.prefix_blocks = static_cast<uint32_t>(b.context / block);
     t.input_blocks = static_cast<uint32_t>(t.input_tokens / block);
-    extend(b, t.input_tokens, s, t.turn == 0 ? *ids : nullptr);
+    extend(b, t.input_tokens, s, t.turn == 0 ? &*ids : nullptr);
     extend(b, t.input_tokens + *output, s, nullptr);
     t.output_blocks = static_cast<uint32_t>((t.input_tokens + *output) / block) - t.input_blocks;
     b.context = t.input_tokens + *output;

@@ -1,12 +1,19 @@
-// kvc_router/sim/synthetic.hpp
+// kvc_sim/synthetic.hpp
 //
-// A built-in generator of agentic (coding-agent) workloads, shaped by the
-// seeds' SWE-bench replay: 52 sessions and ~4,450 requests, contexts of
-// 10^4-10^5 tokens growing turn by turn, appends (tool results) of
-// 10^2-10^3 tokens, outputs of 10^2-10^3 tokens, tool delays of seconds
-// between a turn's end and the next turn, and heavy skew in how long sessions
-// run. Every parameter is a field of `SyntheticConfig` (and a kvc-replay
-// flag); docs/simulator.md explains each default.
+// A built-in generator of agentic (coding-agent) workloads. Two presets:
+//  * "swe-bench" (`SyntheticConfig::SweBench()`, also the default-constructed
+//    config): shaped by the seeds' SWE-bench replay: 52 sessions and ~4,450
+//    requests, contexts of 10^4-10^5 tokens growing turn by turn, appends
+//    (tool results) of 10^2-10^3 tokens, outputs of 10^2-10^3 tokens, tool
+//    delays of seconds between a turn's end and the next turn, and heavy skew
+//    in how long sessions run.
+//  * "claude-code" (`SyntheticConfig::ClaudeCode()`): shaped like a public
+//    Claude Code session profile: first prompts of ~57k tokens (median ~47k),
+//    ~6k new tokens per later turn, ~1k output, a 200k-token window with
+//    compaction, heavy-tailed tool/think delays, about a dozen turns per
+//    session over 1,000 sessions.
+// Every parameter is a field of `SyntheticConfig` (and most are kvc-replay
+// flags); docs/simulator.md explains each default.
 //
 // The generator is deterministic: its own SplitMix64 stream and its own
 // distributions (no <random> distributions, whose output differs between
@@ -15,23 +22,29 @@
 // Each session shares a system prompt with every other session, then has
 // its own task. When a context would grow past `max_context_tokens` the agent
 // compacts it: the next prompt is the system prompt plus a summary, a new
-// context generation with nothing reusable from before.
+// context generation with nothing reusable from before. `Validate()` makes
+// sure every turn's prompt plus output fits in `max_context_tokens`.
 //
-//   kvc_router::sim::SyntheticConfig config;   // the seed-shaped defaults
+//   kvc_router::sim::SyntheticConfig config;   // the seed-shaped (swe-bench) defaults
 //   absl::StatusOr<kvc_router::sim::Trace> trace = kvc_router::sim::GenerateSynthetic(config);
+//   absl::StatusOr<kvc_router::sim::SyntheticConfig> cc =
+//       kvc_router::sim::SyntheticPreset("claude-code");
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kvc_router/detail/splitmix.hpp"
-#include "kvc_router/sim/trace.hpp"
+#include "kvc_sim/trace.hpp"
 
 namespace kvc_router::sim {
 
@@ -56,7 +69,10 @@ class SimRng {
   kvc_router::detail::SplitMix64 bits_;
 };
 
+// The field initialisers are the "swe-bench" preset; `ClaudeCode()` is the
+// other one. `name` only labels the generated trace's description.
 struct SyntheticConfig {
+  std::string name = "swe-bench";
   uint32_t sessions = 52;
   // Total requests (turns) over all sessions.
   uint64_t requests = 4450;
@@ -70,6 +86,8 @@ struct SyntheticConfig {
   // The task prompt of a session's first turn, after the system prompt.
   double task_tokens_median = 7000;
   double task_tokens_sigma = 0.5;
+  // The task is at most this fraction of `max_context_tokens`.
+  double max_task_fraction = 0.5;
   // New tokens per later turn (tool results, user messages).
   double append_tokens_median = 300;
   double append_tokens_sigma = 0.9;
@@ -83,8 +101,64 @@ struct SyntheticConfig {
   // prompt plus a summary of about `compacted_tokens_median` tokens.
   uint64_t max_context_tokens = 40000;
   double compacted_tokens_median = 9000;
+  // Clamps that keep single draws within sane bounds.
+  uint64_t max_append_tokens = 16384;
+  uint64_t max_output_tokens = 8192;
   uint32_t block_tokens = 256;
   uint64_t seed = 1;
+
+  // The seeds' SWE-bench replay (the default-constructed config).
+  static SyntheticConfig SweBench() { return SyntheticConfig{}; }
+
+  // A public Claude Code session profile:
+  //  * first prompt = a 12,000-token shared system prompt + a log-normal task
+  //    of median 35,000 and sigma 0.709: median 12,000 + 35,000 = 47,000 and
+  //    mean 12,000 + 35,000 * exp(0.709^2 / 2) = 12,000 + 45,000 = 57,000;
+  //  * new tokens per later turn: median 4,000, sigma sqrt(2 ln 1.5) = 0.900,
+  //    so mean 4,000 * 1.5 = 6,000;
+  //  * output: median 800, sigma sqrt(2 ln 1.25) = 0.668: mean 1,000, p99
+  //    800 * exp(2.326 * 0.668) = ~3,780;
+  //  * tool/think delay: median 2 s, sigma ln(15) / 1.645 = 1.646: p95 30 s;
+  //  * a 200,000-token window; past it the agent compacts to the system
+  //    prompt + a ~20,000-token summary;
+  //  * 1,000 sessions of 12 turns on average (12,000 requests, sigma 0.8).
+  // Session starts are 5 s apart on average: the preset is meant for
+  // concurrency-limited (closed-loop) replay, where start times are ignored.
+  // Blocks of 512 tokens keep the hash arena small at these context sizes.
+  static SyntheticConfig ClaudeCode() {
+    SyntheticConfig c;
+    c.name = "claude-code";
+    c.sessions = 1000;
+    c.requests = 12000;
+    c.turns_sigma = 0.8;
+    c.min_turns = 2;
+    c.session_interarrival_s = 5.0;
+    c.system_prompt_tokens = 12000;
+    c.task_tokens_median = 35000;
+    c.task_tokens_sigma = 0.709;
+    c.max_task_fraction = 0.8;  // system prompt + task + output stay within the window
+    c.append_tokens_median = 4000;
+    c.append_tokens_sigma = 0.900;
+    c.output_tokens_median = 800;
+    c.output_tokens_sigma = 0.668;
+    c.tool_delay_median_s = 2.0;
+    c.tool_delay_sigma = 1.646;
+    c.max_context_tokens = 200000;
+    c.compacted_tokens_median = 20000;
+    c.max_append_tokens = 65536;
+    c.max_output_tokens = 16384;
+    c.block_tokens = 512;
+    return c;
+  }
+
+  // Largest first-turn task, in tokens.
+  uint64_t max_task_tokens() const {
+    return static_cast<uint64_t>(max_task_fraction * static_cast<double>(max_context_tokens));
+  }
+  // Largest compaction summary, in tokens.
+  uint64_t max_summary_tokens() const { return max_context_tokens / 4; }
+
+  friend bool operator==(const SyntheticConfig&, const SyntheticConfig&) = default;
 
   absl::Status Validate() const {
     if (sessions == 0) return absl::InvalidArgumentError("synthetic: sessions must be >= 1");
@@ -116,21 +190,57 @@ struct SyntheticConfig {
         !(session_interarrival_s >= 0.0) || !std::isfinite(session_interarrival_s)) {
       return absl::InvalidArgumentError("synthetic: delays must be finite and >= 0");
     }
-    if (max_context_tokens < system_prompt_tokens + 2 * kMaxAppend()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "synthetic: max_context_tokens must be at least the system prompt plus ",
-          2 * kMaxAppend(), " tokens"));
+    if (max_append_tokens == 0 || max_output_tokens == 0) {
+      return absl::InvalidArgumentError(
+          "synthetic: max_append_tokens and max_output_tokens must be >= 1");
     }
-    if (max_context_tokens > kMaxSessionContextTokens) {
-      return absl::InvalidArgumentError("synthetic: max_context_tokens is too large");
+    if (max_append_tokens > kMaxTurnTokens || max_output_tokens > kMaxTurnTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "synthetic: max_append_tokens and max_output_tokens must be <= ", kMaxTurnTokens));
+    }
+    if (max_context_tokens > kMaxSessionContextTokens ||
+        system_prompt_tokens > kMaxSessionContextTokens) {
+      return absl::InvalidArgumentError(
+          "synthetic: max_context_tokens or system_prompt_tokens is too large");
+    }
+    if (!(max_task_fraction > 0.0 && max_task_fraction <= 1.0) || max_task_tokens() == 0) {
+      return absl::InvalidArgumentError(
+          "synthetic: max_task_fraction must be in (0, 1] and allow a task of >= 1 token");
+    }
+    // Every turn's prompt plus output fits in the window: a first turn
+    // (system prompt + the largest task), and a compacted turn (system
+    // prompt + the largest summary + the largest append); a continued turn
+    // compacts whenever it would not fit.
+    const uint64_t fresh =
+        system_prompt_tokens + std::max(max_task_tokens(), max_summary_tokens() + max_append_tokens);
+    if (max_context_tokens < fresh + max_output_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "synthetic: max_context_tokens (", max_context_tokens,
+          ") must hold the system prompt plus the largest task (max_task_fraction of it) or "
+          "the largest summary (a quarter of it) plus max_append_tokens, plus "
+          "max_output_tokens: ",
+          fresh + max_output_tokens, " tokens"));
     }
     return absl::OkStatus();
   }
-
-  // Clamps keep single draws within sane bounds.
-  static constexpr uint64_t kMaxAppend() { return 16384; }
-  static constexpr uint64_t kMaxOutput() { return 8192; }
 };
+
+// Names `SyntheticPreset` knows.
+inline constexpr std::array<std::string_view, 2> kSyntheticPresetNames = {"swe-bench",
+                                                                         "claude-code"};
+
+// The preset called `name`; InvalidArgument listing the known names otherwise.
+inline absl::StatusOr<SyntheticConfig> SyntheticPreset(std::string_view name) {
+  if (name == "swe-bench") return SyntheticConfig::SweBench();
+  if (name == "claude-code") return SyntheticConfig::ClaudeCode();
+  // (std::string copies: this abseil's string_view need not be std's.)
+  std::string known;
+  for (std::string_view known_name : kSyntheticPresetNames) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", std::string(known_name));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("synthetic: unknown preset \"",
+                                                 std::string(name), "\" (known: ", known, ")"));
+}
 
 namespace detail {
 
@@ -169,7 +279,9 @@ inline absl::StatusOr<Trace> GenerateSynthetic(const SyntheticConfig& config) {
   const std::vector<uint64_t> turn_counts = detail::DrawTurnCounts(rng, config);
 
   Trace trace;
-  trace.description = absl::StrCat("synthetic agentic workload (seed ", config.seed, ")");
+  trace.description =
+      absl::StrCat("synthetic ", config.name.empty() ? std::string("agentic") : config.name,
+                   " workload (seed ", config.seed, ")");
   trace.format = TraceFormat::kSynthetic;
   trace.block_tokens = config.block_tokens;
   trace.turns.reserve(config.requests);
@@ -218,12 +330,13 @@ inline absl::StatusOr<Trace> GenerateSynthetic(const SyntheticConfig& config) {
       t.turn = k;
       t.line = ++order;
       t.output_tokens = detail::DrawTokens(rng, config.output_tokens_median,
-                                           config.output_tokens_sigma, 1, SyntheticConfig::kMaxOutput());
+                                           config.output_tokens_sigma, 1, config.max_output_tokens);
       if (k == 0) {
         t.segment = segment++;
+        const uint64_t task_cap = config.max_task_tokens();
         const uint64_t task = detail::DrawTokens(rng, config.task_tokens_median,
-                                                 config.task_tokens_sigma, 64,
-                                                 config.max_context_tokens / 2);
+                                                 config.task_tokens_sigma,
+                                                 std::min<uint64_t>(64, task_cap), task_cap);
         t.input_tokens = config.system_prompt_tokens + task;
         t.reusable_tokens = 0;
         t.arrival_s = arrival;
@@ -233,13 +346,15 @@ inline absl::StatusOr<Trace> GenerateSynthetic(const SyntheticConfig& config) {
         t.arrival_s = arrival;
         const uint64_t append = detail::DrawTokens(rng, config.append_tokens_median,
                                                    config.append_tokens_sigma, 1,
-                                                   SyntheticConfig::kMaxAppend());
+                                                   config.max_append_tokens);
         if (context + append + t.output_tokens > config.max_context_tokens) {
           // Compaction: a new context generation.
           flush_segment(pending);
           t.segment = segment++;
-          const uint64_t summary = detail::DrawTokens(rng, config.compacted_tokens_median, 0.3, 256,
-                                                      config.max_context_tokens / 4);
+          const uint64_t summary_cap = config.max_summary_tokens();
+          const uint64_t summary =
+              detail::DrawTokens(rng, config.compacted_tokens_median, 0.3,
+                                 std::min<uint64_t>(256, summary_cap), summary_cap);
           t.input_tokens = config.system_prompt_tokens + summary + append;
           t.reusable_tokens = 0;
         } else {

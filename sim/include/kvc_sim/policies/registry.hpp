@@ -1,0 +1,148 @@
+// kvc_sim/policies/registry.hpp
+//
+// Policies by name, for kvc-replay and tests. Every policy is built from the
+// same `PolicySetup`: one cluster shape, the router's own `RouterConfig`
+// (alpha, tau_reject, epsilon, block size; its pool sizes come from the
+// shape and the policy's topology) and the workers' `AdmissionConfig` (K_d
+// bounds KVC's residency estimate), plus the cache-aware baselines' options.
+// There is no second set of router knobs.
+//
+// `MakePolicy` returns the policy and the engine model its workers run
+// (whether prefill workers cache prefixes and whether P -> D transfers skip
+// what the decode worker holds): vanilla `pd` has neither, every other
+// policy both, as SGLang engines do.
+//
+//   kvc_router::sim::PolicySetup setup;            // 4P+4D, 8 colocated
+//   setup.router.block_tokens = trace.block_tokens;
+//   absl::StatusOr<kvc_router::sim::MadePolicy> kvc = kvc_router::sim::MakePolicy("kvc", setup);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kvc_router/config.hpp"
+#include "kvc_router/policy/kvc_policy.hpp"
+#include "kvc_router/policy/policy.hpp"
+#include "kvc_sim/policies/cache_aware_dp.hpp"
+#include "kvc_sim/policies/pd_round_robin.hpp"
+#include "kvc_sim/policies/pd_sglang.hpp"
+#include "kvc_sim/simulator.hpp"
+
+namespace kvc_router::sim {
+
+struct PolicySetup {
+  policy::ClusterShape cluster;
+  // KVC's knobs; num_decode_workers / num_prefill_workers are overwritten
+  // from `cluster` for the policy's topology.
+  RouterConfig router;
+  // The workers' pools; K_d bounds KVC's residency estimate.
+  AdmissionConfig admission = SimConfig::DefaultAdmission();
+  // Forget sessions the workers report evicted (KVC).
+  bool kv_events = false;
+  // The cache-aware baselines (dp, pd-sglang).
+  CacheAwareOptions cache_aware = CacheAwareOptions::Launcher();
+};
+
+struct MadePolicy {
+  std::unique_ptr<policy::RoutingPolicy> policy;
+  EngineModel engine;
+};
+
+struct PolicyInfo {
+  std::string_view name;
+  policy::Topology topology;
+  std::string_view description;
+};
+
+inline const std::vector<PolicyInfo>& ListPolicies() {
+  using policy::Topology;
+  static const std::vector<PolicyInfo> kPolicies = {
+      {"kvc", Topology::kDisaggregated,
+       "KVC-Router v2 (reset-on-success): Route + decode-worker admission + Fallback"},
+      {"kvc-v1", Topology::kDisaggregated,
+       "KVC-Router v1 (no reset-on-success): rejection counters only grow"},
+      {"kvc-colo", Topology::kColocated, "KVC-Router v2 on colocated instances"},
+      {"pd", Topology::kDisaggregated,
+       "vanilla P/D (the KVC seed's baseline): round-robin, no cache, whole KV moved"},
+      {"pd-sglang", Topology::kDisaggregated,
+       "SGLang P/D today: cache-aware P and D, radix caches, only missing KV moved"},
+      {"dp", Topology::kColocated,
+       "SGLang cache-aware data parallelism (router launcher defaults)"},
+  };
+  return kPolicies;
+}
+
+inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const PolicySetup& setup) {
+  if (absl::Status s = setup.cluster.Validate(); !s.ok()) return s;
+  if (absl::Status s = setup.cache_aware.Validate(); !s.ok()) return s;
+  const policy::ClusterShape& shape = setup.cluster;
+  const uint32_t block_tokens = setup.router.block_tokens;
+  MadePolicy made;
+  if (name == "kvc" || name == "kvc-v1" || name == "kvc-colo") {
+    const policy::Topology topology =
+        name == "kvc-colo" ? policy::Topology::kColocated : policy::Topology::kDisaggregated;
+    if (topology == policy::Topology::kDisaggregated && shape.prefill_workers == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy ", std::string(name), " needs at least one prefill worker (use kvc-colo)"));
+    }
+    policy::KvcPolicyOptions options;
+    options.router = shape.ApplyTo(setup.router, topology);
+    options.router.reset_on_success = setup.router.reset_on_success && name != "kvc-v1";
+    options.index_capacity_tokens = setup.admission.capacity_tokens;
+    options.kv_events = setup.kv_events;
+    absl::StatusOr<std::unique_ptr<policy::KvcPolicy>> kvc =
+        policy::KvcPolicy::Create(std::string(name), options);
+    if (!kvc.ok()) return kvc.status();
+    made.policy = std::move(*kvc);
+    return made;
+  }
+  if (name == "pd") {
+    if (shape.prefill_workers == 0) {
+      return absl::InvalidArgumentError("policy pd needs at least one prefill worker");
+    }
+    made.policy = std::make_unique<PdRoundRobinPolicy>(shape.prefill_workers, shape.decode_workers);
+    made.engine.prefill_cache = false;
+    made.engine.delta_transfer = false;
+    return made;
+  }
+  if (name == "pd-sglang") {
+    if (shape.prefill_workers == 0) {
+      return absl::InvalidArgumentError("policy pd-sglang needs at least one prefill worker");
+    }
+    made.policy = std::make_unique<PdSglangPolicy>(shape.prefill_workers, shape.decode_workers,
+                                                   block_tokens, setup.cache_aware);
+    return made;
+  }
+  if (name == "dp") {
+    made.policy = std::make_unique<CacheAwareDpPolicy>(
+        shape.instances(policy::Topology::kColocated), block_tokens, setup.cache_aware);
+    return made;
+  }
+  std::string known;
+  for (const PolicyInfo& info : ListPolicies()) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", std::string(info.name));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown policy \"", std::string(name), "\" (known: ", known, ", all)"));
+}
+
+// Expands "all" into every registered policy; other names pass through.
+inline std::vector<std::string> ExpandPolicyNames(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    if (name == "all") {
+      for (const PolicyInfo& info : ListPolicies()) out.emplace_back(info.name);
+    } else {
+      out.push_back(name);
+    }
+  }
+  return out;
+}
+
+}  // namespace kvc_router::sim

@@ -1,0 +1,912 @@
+// kvc_sim/simulator.hpp
+//
+// The deterministic discrete-event simulator: replays a Trace through a
+// simulated cluster under one RoutingPolicy and measures what happened
+// (PolicyResult). Single-threaded; the agenda is a binary heap ordered by
+// (time, sequence), so the same trace, configuration and policy always give
+// the same result, bit for bit.
+//
+// Load: in closed-loop replay a session's next turn is issued when its
+// previous turn finished plus the tool/think delay. With `concurrency` N > 0,
+// at most N sessions are active at once, as a benchmark client (aiperf,
+// genai-perf) replays a multi-turn dataset: N sessions start together and
+// the next session in trace order starts when one ends; session start times
+// in the trace are then ignored. Open-loop replay issues every turn at its
+// nominal arrival time instead.
+//
+// A request's life:
+//   arrival -> Place (the policy; admission RPCs cost admit_rpc_s each)
+//     -> KV booking on its instance: the whole footprint is booked before the
+//        request runs (admission already booked it for KVC; other policies
+//        wait here for memory, FIFO); a request larger than the pool is
+//        refused and counted, never run unbooked
+//     -> prefill: on a P worker (what its prefix cache lacks) then a KV
+//        transfer to the decode worker over its inbound link (what the decode
+//        worker lacks, or everything for vanilla P/D), or on the instance's
+//        GPU timeline, chunk by chunk, sharing iterations with its decodes
+//     -> first token (TTFT) -> decode on the GPU timeline -> finish: the KV
+//        is released or kept as cache, the policy is told, and the session's
+//        next turn (or, at the session's end, the next session) is scheduled.
+//
+// Modes mean the same for every policy: Direct when the turn reused its
+// session's KV on the instance that served it (all of the session's previous
+// full blocks were cached there, on the GPU or in its host tier), Seed for a
+// first turn, Reseed for a later turn that found nothing, Fallback for KVC's
+// last resort.
+//
+//   kvc_router::sim::SimConfig config;               // 4P+4D, h100-8b constants
+//   auto made = kvc_router::sim::MakePolicy("kvc", setup);
+//   absl::StatusOr<kvc_router::sim::PolicyResult> result =
+//       kvc_router::sim::Simulator::Run(trace, *made->policy, config, made->engine);
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kvc_router/admit.hpp"
+#include "kvc_router/config.hpp"
+#include "kvc_router/policy/policy.hpp"
+#include "kvc_router/types.hpp"
+#include "kvc_sim/cost_model.hpp"
+#include "kvc_sim/event_queue.hpp"
+#include "kvc_sim/instance.hpp"
+#include "kvc_sim/metrics.hpp"
+#include "kvc_sim/page_cache.hpp"
+#include "kvc_sim/profiles.hpp"
+#include "kvc_sim/trace.hpp"
+
+namespace kvc_router::sim {
+
+enum class LoopMode : uint8_t {
+  // A session's next turn starts after its previous turn finished plus its delay.
+  kClosed,
+  // Every turn starts at its nominal arrival time.
+  kOpen,
+};
+
+// What the engines behind a policy do besides routing.
+struct EngineModel {
+  // Prefill workers keep a page-LRU prefix cache (SGLang's radix cache).
+  bool prefill_cache = true;
+  // A P -> D transfer moves only the KV the decode worker does not hold.
+  bool delta_transfer = true;
+};
+
+// One request's outcome, for observers (tests, custom reports).
+struct RequestRecord {
+  uint32_t turn = 0;     // index into Trace::turns
+  uint32_t session = 0;  // index into Trace::sessions
+  double issue_s = 0;
+  double first_token_s = 0;  // NaN when refused
+  double finish_s = 0;       // when it finished or was refused
+  WorkerId instance = kNoWorker;
+  DecisionMode mode = DecisionMode::kFallback;
+  bool refused = false;
+};
+
+struct SimConfig {
+  // The pools; each policy runs on the topology it is defined for.
+  policy::ClusterShape cluster;
+  // Every worker's KV pool and KVC's admission (K_d, rho, tau_append,
+  // accounting). K_d defaults to the h100-8b profile's pool. Policies without
+  // admission get page caches of K_d tokens and no tau_append.
+  AdmissionConfig admission = DefaultAdmission();
+  CostModel cost;
+  HostTierConfig host_tier;
+  LoopMode loop = LoopMode::kClosed;
+  // Closed loop: at most this many sessions active at once; 0 = unlimited.
+  uint32_t concurrency = 0;
+  // false: no worker ever reuses KV (every hit is 0), for checks.
+  bool prefix_cache = true;
+  // Called every `progress_every` finished requests (0 = never).
+  std::function<void(uint64_t finished, uint64_t total, double sim_time_s)> progress;
+  uint64_t progress_every = 0;
+  // Called once per request when it finished or was refused.
+  std::function<void(const RequestRecord&)> on_request;
+
+  static AdmissionConfig DefaultAdmission() {
+    AdmissionConfig admission;
+    admission.capacity_tokens = profile_detail::H100With8B().kv_capacity_tokens;
+    return admission;
+  }
+
+  absl::Status Validate() const {
+    if (absl::Status s = admission.Validate(); !s.ok()) return s;
+    if (absl::Status s = cost.Validate(); !s.ok()) return s;
+    if (absl::Status s = cluster.Validate(); !s.ok()) return s;
+    if (concurrency != 0 && loop == LoopMode::kOpen) {
+      return absl::InvalidArgumentError(
+          "SimConfig: concurrency limits need the closed loop (open-loop replay issues every "
+          "turn at its trace time)");
+    }
+    if (!(host_tier.reload_bytes_per_s > 0) || !std::isfinite(host_tier.reload_bytes_per_s)) {
+      return absl::InvalidArgumentError("SimConfig.host_tier.reload_bytes_per_s must be positive");
+    }
+    return absl::OkStatus();
+  }
+};
+
+class Simulator final : public policy::ClusterView {
+ public:
+  // Replays `trace` under `policy`. The policy must be fresh (built for this
+  // replay) and sized for config.cluster.instances(policy.topology()).
+  static absl::StatusOr<PolicyResult> Run(const Trace& trace, policy::RoutingPolicy& policy,
+                                          const SimConfig& config, const EngineModel& engine = {}) {
+    if (absl::Status s = config.Validate(); !s.ok()) return s;
+    if (absl::Status s = trace.Validate(); !s.ok()) return s;
+    Simulator sim(trace, policy, config, engine);
+    return sim.Replay();
+  }
+
+  // ClusterView.
+  policy::Topology topology() const override { return topology_; }
+  uint32_t num_prefill_workers() const override {
+    return static_cast<uint32_t>(prefills_.size());
+  }
+  uint32_t num_instances() const override { return static_cast<uint32_t>(instances_.size()); }
+  policy::InstanceLoad instance_load(WorkerId instance) const override {
+    policy::InstanceLoad load;
+    if (instance >= instances_.size()) return load;
+    const SimInstance& inst = instances_[instance];
+    load.running_requests = inst.running_requests;
+    load.waiting_requests = static_cast<uint32_t>(inst.waiting.size());
+    load.pending_prefill_tokens = inst.gpu.pending_prefill_tokens();
+    load.used_kv_tokens = inst.used_tokens();
+    load.capacity_kv_tokens = inst.capacity_tokens();
+    return load;
+  }
+  policy::InstanceLoad prefill_load(WorkerId prefill) const override {
+    policy::InstanceLoad load;
+    if (prefill >= prefills_.size()) return load;
+    load.running_requests = prefills_[prefill].running_requests;
+    load.pending_prefill_tokens = prefills_[prefill].pending_prefill_tokens;
+    load.used_kv_tokens = prefills_[prefill].pages.used_tokens();
+    load.capacity_kv_tokens = prefills_[prefill].pages.capacity_tokens();
+    return load;
+  }
+  double now_s() const override { return now_; }
+
+  absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
+    if (instance >= instances_.size()) {
+      return absl::NotFoundError(absl::StrCat("instance ", instance, " does not exist"));
+    }
+    if (placing_ == kNoSlot) {
+      return absl::FailedPreconditionError("Admit outside of Place");
+    }
+    SimInstance& inst = instances_[instance];
+    if (!inst.admission_pool()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("instance ", instance, " has no admission controller (policy ", result_.name,
+                       " does not declare uses_admission())"));
+    }
+    Flight& f = flights_[placing_];
+    const TraceTurn& t = trace_.turns[f.turn];
+    if (query.session != f.request.request.session || query.turn != t.turn ||
+        query.input_tokens != t.input_tokens) {
+      // The replay cannot go on: the policy describes another request than
+      // the one it places (most likely its block size is not the trace's).
+      failure_ = absl::InvalidArgumentError(absl::StrCat(
+          "policy ", result_.name, " asked instance ", instance, " to admit session ",
+          query.session, " turn ", query.turn, " with ", query.input_tokens,
+          " input tokens while placing session ", t.session, " turn ", t.turn, " with ",
+          t.input_tokens, " (is its block size the trace's ", trace_.block_tokens, "?)"));
+      return failure_;
+    }
+    const uint64_t cached = inst.CachedTokens(query.session, t.segment, t.reusable_tokens,
+                                              f.request.input_hashes, t.input_tokens);
+    const AdmitResult result = inst.AdmitEvicting(query, EvictionSink(instance));
+    if (result.admitted) {
+      inst.HoldChain(query.session, t.segment, f.request.input_hashes);
+      f.instance_hit = cached;
+      f.admitted_on = instance;
+      NotePeak(inst);
+    }
+    return result;
+  }
+
+ private:
+  static constexpr uint32_t kNoSlot = std::numeric_limits<uint32_t>::max();
+
+  enum class EventType : uint8_t {
+    kSessionStart,  // index: session
+    kArrival,       // index: turn
+    kReady,         // index: flight slot; booked, admission RPCs paid
+    kPrefillDone,   // index: flight slot; on a prefill worker
+    kTransferDone,  // index: flight slot
+    kGpuWake,       // index: instance; `version` must match
+    kFinish,        // index: flight slot; a request with no decode steps
+  };
+  struct EventPayload {
+    EventType type = EventType::kArrival;
+    uint32_t index = 0;
+    uint64_t version = 0;
+  };
+
+  // A request in flight.
+  struct Flight {
+    uint32_t turn = 0;
+    policy::PolicyRequest request;
+    policy::Placement placement;
+    double issue_s = 0;
+    double ready_s = 0;
+    // Tokens the serving instance held for this request when it was booked.
+    uint64_t instance_hit = 0;
+    // Of those, tokens reloaded from the instance's host tier.
+    uint64_t instance_host_hit = 0;
+    uint64_t prefill_compute = 0;  // tokens computed on the prefill worker
+    uint64_t decode_context = 0;
+    WorkerId admitted_on = kNoWorker;
+    SessionId booked_id = 0;
+    bool booked = false;
+    bool transient = false;
+    PageCache::Lease lease;         // on the instance (page-cache policies)
+    PageCache::Lease prefill_lease;  // on the prefill worker
+  };
+
+  Simulator(const Trace& trace, policy::RoutingPolicy& policy, const SimConfig& config,
+            const EngineModel& engine)
+      : trace_(trace),
+        policy_(policy),
+        config_(config),
+        engine_(engine),
+        topology_(policy.topology()) {
+    const uint32_t n = config.cluster.instances(topology_);
+    AdmissionConfig admission = config.admission;
+    const bool admission_pool = policy.uses_admission();
+    instances_.reserve(n);
+    for (uint32_t d = 0; d < n; ++d) {
+      // Validated in Run, so Create cannot fail.
+      instances_.emplace_back(
+          *AdmissionController::Create(admission),
+          PageCache(admission.capacity_tokens, trace.block_tokens, config.prefix_cache,
+                    config.host_tier),
+          config_.cost, admission_pool, config.prefix_cache, trace.block_tokens);
+    }
+    const uint32_t p = config.cluster.prefill_pool(topology_);
+    prefills_.reserve(p);
+    for (uint32_t i = 0; i < p; ++i) {
+      prefills_.emplace_back(PageCache(admission.capacity_tokens, trace.block_tokens,
+                                       config.prefix_cache && engine.prefill_cache,
+                                       config.host_tier));
+    }
+    const size_t turns = trace.turns.size();
+    ttft_.assign(turns, std::numeric_limits<double>::quiet_NaN());
+    e2e_.assign(turns, std::numeric_limits<double>::quiet_NaN());
+    mode_.assign(turns, DecisionMode::kFallback);
+    served_by_.assign(turns, kNoWorker);
+    finished_.assign(turns, 0);
+    last_instance_.assign(trace.sessions.size(), kNoWorker);
+    result_.name = std::string(policy.name());
+    result_.topology = topology_;
+    result_.prefill_workers = static_cast<uint32_t>(prefills_.size());
+    result_.instances = n;
+    result_.budget_tokens = admission_pool ? config.admission.budget_tokens()
+                                           : config.admission.capacity_tokens;
+    result_.trace_span_s = trace.span_s();
+    result_.concurrency = config.concurrency;
+  }
+
+  absl::StatusOr<PolicyResult> Replay() {
+    if (instances_.empty()) return absl::InvalidArgumentError("the cluster has no instances");
+    // Sessions in trace order: (first arrival, line).
+    std::vector<uint32_t> order(trace_.sessions.size());
+    for (uint32_t s = 0; s < order.size(); ++s) order[s] = s;
+    auto first_turn = [&](uint32_t s) -> const TraceTurn& {
+      return trace_.turns[trace_.sessions[s].first_turn];
+    };
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+      const TraceTurn& x = first_turn(a);
+      const TraceTurn& y = first_turn(b);
+      if (x.arrival_s != y.arrival_s) return x.arrival_s < y.arrival_s;
+      return x.line < y.line;
+    });
+    result_.first_arrival_s = order.empty() ? 0 : first_turn(order.front()).arrival_s;
+    last_change_s_ = result_.first_arrival_s;
+    if (config_.loop == LoopMode::kOpen) {
+      std::vector<uint32_t> all(trace_.turns.size());
+      for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::stable_sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
+        const TraceTurn& x = trace_.turns[a];
+        const TraceTurn& y = trace_.turns[b];
+        if (x.arrival_s != y.arrival_s) return x.arrival_s < y.arrival_s;
+        return x.line < y.line;
+      });
+      for (uint32_t turn : all) {
+        queue_.Push(trace_.turns[turn].arrival_s, EventPayload{EventType::kArrival, turn, 0});
+      }
+      // A session is active from its first arrival to its last finish.
+      for (uint32_t s : order) {
+        queue_.Push(first_turn(s).arrival_s, EventPayload{EventType::kSessionStart, s, 1});
+      }
+    } else if (config_.concurrency == 0) {
+      for (uint32_t s : order) {
+        queue_.Push(first_turn(s).arrival_s, EventPayload{EventType::kSessionStart, s, 0});
+      }
+    } else {
+      waiting_sessions_ = std::move(order);
+      const size_t start = std::min<size_t>(config_.concurrency, waiting_sessions_.size());
+      for (; next_session_ < start; ++next_session_) {
+        queue_.Push(result_.first_arrival_s,
+                    EventPayload{EventType::kSessionStart, waiting_sessions_[next_session_], 0});
+      }
+    }
+
+    while (!queue_.empty()) {
+      const auto event = queue_.Pop();
+      now_ = event.time;
+      const EventPayload& e = event.payload;
+      switch (e.type) {
+        case EventType::kSessionStart:
+          StartSession(e.index, /*issue_first_turn=*/e.version == 0);
+          break;
+        case EventType::kArrival:
+          OnArrival(e.index);
+          break;
+        case EventType::kReady:
+          StartPrefill(e.index);
+          break;
+        case EventType::kPrefillDone:
+          OnPrefillDone(e.index);
+          break;
+        case EventType::kTransferDone:
+          StartDecode(e.index);
+          break;
+        case EventType::kGpuWake:
+          if (e.version == instances_[e.index].gpu_version) OnGpuWake(e.index);
+          break;
+        case EventType::kFinish:
+          OnFinish(e.index);
+          break;
+      }
+      if (!failure_.ok()) return failure_;
+      RescheduleGpus();
+    }
+    result_.events = queue_.pushed();
+    for (size_t i = 0; i < finished_.size(); ++i) {
+      if (finished_[i] != 1) {
+        return absl::InternalError(absl::StrCat(
+            "replay under ", result_.name, " ended with request ", i, " finished ",
+            static_cast<int>(finished_[i]), " times (a request waited for memory forever?)"));
+      }
+    }
+    const double last_finish = std::max(result_.first_arrival_s, last_end_s_);
+    result_.makespan_s = last_finish - result_.first_arrival_s;
+    AccumulateAreas(last_finish);
+    if (result_.makespan_s > 0) {
+      result_.in_flight_mean = in_flight_area_ / result_.makespan_s;
+      result_.sessions_active_mean = sessions_area_ / result_.makespan_s;
+    }
+    result_.amplification = result_.trace_span_s > 0
+                                ? result_.makespan_s / result_.trace_span_s
+                                : std::numeric_limits<double>::quiet_NaN();
+    Summarize();
+    return std::move(result_);
+  }
+
+  // ---------------------------------------------------------------- events --
+
+  void StartSession(uint32_t session, bool issue_first_turn) {
+    AccumulateAreas(now_);
+    ++sessions_active_;
+    result_.sessions_active_max = std::max<uint64_t>(result_.sessions_active_max, sessions_active_);
+    if (issue_first_turn) OnArrival(trace_.sessions[session].first_turn);
+  }
+
+  void EndSession() {
+    AccumulateAreas(now_);
+    --sessions_active_;
+    if (config_.concurrency != 0 && next_session_ < waiting_sessions_.size()) {
+      queue_.Push(now_, EventPayload{EventType::kSessionStart,
+                                     waiting_sessions_[next_session_++], 0});
+    }
+  }
+
+  void OnArrival(uint32_t turn_index) {
+    const TraceTurn& t = trace_.turns[turn_index];
+    AccumulateAreas(now_);
+    ++in_flight_;
+    const uint32_t slot = AllocFlight();
+    Flight& f = flights_[slot];
+    f = Flight{};
+    f.turn = turn_index;
+    f.issue_s = now_;
+    f.request.id = turn_index;
+    f.request.request = trace_.MakeRequest(t);
+    f.request.input_tokens = t.input_tokens;
+    f.request.input_hashes = trace_.InputChain(t);
+    f.request.context_hashes = trace_.ContextChain(t);
+
+    placing_ = slot;
+    absl::StatusOr<policy::Placement> placement = policy_.Place(f.request, *this);
+    placing_ = kNoSlot;
+    DeliverEvictions();
+    if (!failure_.ok()) return;
+    if (!placement.ok()) {
+      failure_ = absl::Status(placement.status().code(),
+                              absl::StrCat("policy ", result_.name, " failed on turn ", t.turn,
+                                           " of session ", t.session, " (line ", t.line,
+                                           "): ", placement.status().message()));
+      return;
+    }
+    if (absl::Status s = CheckPlacement(f, *placement); !s.ok()) {
+      failure_ = s;
+      return;
+    }
+    f.placement = *placement;
+    f.ready_s = now_ + config_.cost.admit_rpc_s * placement->admit_attempts;
+    result_.admit_attempts += placement->admit_attempts;
+    for (int r = 0; r < kNumRejectReasons; ++r) result_.rejections[r] += placement->rejections[r];
+
+    SimInstance& inst = instances_[placement->instance];
+    ++inst.running_requests;
+    if (placement->booking != policy::Booking::kTransient) {
+      WorkerId& last = last_instance_[t.session];
+      if (last != kNoWorker && last != placement->instance) ++result_.migrations;
+      last = placement->instance;
+    }
+    if (placement->booking == policy::Booking::kAdmitted) {
+      f.booked = true;
+      f.booked_id = f.request.request.session;
+      f.placement.mode = Classify(t, f.instance_hit);
+      BeginWhenReady(slot);
+      return;
+    }
+    f.transient = placement->booking == policy::Booking::kTransient;
+    if (Oversize(f)) {
+      Refuse(slot);
+      return;
+    }
+    if (TryBook(f, placement->instance)) {
+      BeginWhenReady(slot);
+    } else {
+      inst.waiting.push_back(slot);
+      ++result_.memory_waits;
+    }
+  }
+
+  void BeginWhenReady(uint32_t slot) {
+    const Flight& f = flights_[slot];
+    if (f.ready_s > now_) {
+      queue_.Push(f.ready_s, EventPayload{EventType::kReady, slot, 0});
+    } else {
+      StartPrefill(slot);
+    }
+  }
+
+  void StartPrefill(uint32_t slot) {
+    Flight& f = flights_[slot];
+    const TraceTurn& t = trace_.turns[f.turn];
+    if (f.placement.prefill != kNoWorker) {
+      SimPrefillWorker& p = prefills_[f.placement.prefill];
+      const PageCache::Match match = p.pages.Lookup(f.request.input_hashes, t.reusable_tokens);
+      const uint64_t hit = std::min<uint64_t>(
+          t.input_tokens, uint64_t{match.gpu_blocks} * trace_.block_tokens + match.tail_tokens);
+      const uint64_t host = std::min<uint64_t>(t.input_tokens - hit,
+                                               uint64_t{match.host_blocks} * trace_.block_tokens);
+      // A prefill worker holds a request's KV only until it is sent; if even
+      // that does not fit beside what other requests pin, nothing is cached.
+      if (!p.pages.Reserve(f.prefill_lease, f.request.input_hashes, match, t.input_tokens)) {
+        f.prefill_lease = PageCache::Lease{};
+      }
+      const uint64_t compute = t.input_tokens - hit - host;
+      const double start = std::max(now_, p.free_at);
+      p.free_at = start + config_.cost.PrefillSeconds(compute, hit + host) + ReloadSeconds(host);
+      p.pending_prefill_tokens += compute;
+      ++p.running_requests;
+      f.prefill_compute = compute;
+      result_.prefill_tokens_remote += compute;
+      result_.cached_tokens += hit + host;
+      result_.host_reload_tokens += host;
+      queue_.Push(p.free_at, EventPayload{EventType::kPrefillDone, slot, 0});
+      return;
+    }
+    SimInstance& inst = instances_[f.placement.instance];
+    const uint64_t cached = std::min(f.instance_hit, t.input_tokens);
+    const uint64_t compute = t.input_tokens - cached;
+    result_.prefill_tokens_local += compute;
+    result_.cached_tokens += cached;
+    result_.host_reload_tokens += f.instance_host_hit;
+    inst.gpu.AdvanceTo(now_);
+    const double seconds = config_.cost.PrefillSeconds(compute, cached) +
+                           ReloadSeconds(f.instance_host_hit);
+    inst.gpu.EnqueuePrefill(slot, seconds, config_.cost.PrefillChunks(compute), compute);
+    MarkGpu(f.placement.instance);
+  }
+
+  void OnPrefillDone(uint32_t slot) {
+    Flight& f = flights_[slot];
+    const TraceTurn& t = trace_.turns[f.turn];
+    SimPrefillWorker& p = prefills_[f.placement.prefill];
+    p.pending_prefill_tokens -= f.prefill_compute;
+    --p.running_requests;
+    p.pages.Release(f.prefill_lease, f.request.input_hashes, t.input_tokens);
+    SimInstance& inst = instances_[f.placement.instance];
+    const uint64_t held = engine_.delta_transfer ? std::min(f.instance_hit, t.input_tokens) : 0;
+    const uint64_t tokens = t.input_tokens - held;
+    if (tokens == 0) {
+      StartDecode(slot);
+      return;
+    }
+    const double start = std::max(now_, inst.link_free_at);
+    inst.link_free_at = start + config_.cost.TransferSeconds(tokens);
+    result_.kv_transfer_tokens += tokens;
+    result_.kv_transfer_bytes += tokens * config_.cost.kv_bytes_per_token;
+    queue_.Push(inst.link_free_at, EventPayload{EventType::kTransferDone, slot, 0});
+  }
+
+  void StartDecode(uint32_t slot) {
+    Flight& f = flights_[slot];
+    const TraceTurn& t = trace_.turns[f.turn];
+    ttft_[f.turn] = now_ - f.issue_s;
+    const uint64_t steps = t.output_tokens > 0 ? t.output_tokens - 1 : 0;
+    if (steps == 0) {
+      queue_.Push(now_, EventPayload{EventType::kFinish, slot, 0});
+      return;
+    }
+    SimInstance& inst = instances_[f.placement.instance];
+    // The prompt's KV is now on the instance: later requests may share it.
+    if (!inst.admission_pool() && !f.transient) {
+      inst.pages.Publish(f.lease, f.request.input_hashes, t.input_tokens);
+    }
+    f.decode_context = t.input_tokens + t.output_tokens / 2;
+    inst.gpu.AdvanceTo(now_);
+    inst.gpu.AddDecode(slot, steps, f.decode_context);
+    MarkGpu(f.placement.instance);
+  }
+
+  void OnGpuWake(WorkerId d) {
+    SimInstance& inst = instances_[d];
+    inst.gpu.AdvanceTo(now_);
+    prefills_done_.clear();
+    decodes_done_.clear();
+    inst.gpu.TakeDue(prefills_done_, decodes_done_);
+    MarkGpu(d);
+    // Copies: the handlers below may wake this instance again.
+    const std::vector<uint32_t> prefills = prefills_done_;
+    const std::vector<uint32_t> decodes = decodes_done_;
+    for (uint32_t slot : prefills) StartDecode(slot);
+    for (uint32_t slot : decodes) OnFinish(slot);
+  }
+
+  void OnFinish(uint32_t slot) {
+    Flight& f = flights_[slot];
+    const TraceTurn& t = trace_.turns[f.turn];
+    const WorkerId d = f.placement.instance;
+    SimInstance& inst = instances_[d];
+    --inst.running_requests;
+    if (inst.admission_pool()) {
+      if (f.booked) {
+        if (f.transient) {
+          inst.ReleaseTransient(f.booked_id);
+        } else {
+          inst.FinishSessionRequest(f.booked_id, t.segment, t.output_tokens,
+                                    f.request.context_hashes, EvictionSink(d));
+        }
+      }
+    } else {
+      if (f.transient) {
+        inst.pages.Release(f.lease, {});
+      } else {
+        inst.pages.Release(f.lease, f.request.context_hashes, t.input_tokens + t.output_tokens);
+      }
+    }
+    NotePeak(inst);
+    e2e_[f.turn] = now_ - f.issue_s;
+    mode_[f.turn] = f.placement.mode;
+    served_by_[f.turn] = d;
+    ++finished_count_;
+    EndRequest(slot);
+    DrainWaiting(d);
+  }
+
+  // A request that can never fit its instance's pool: counted, not run.
+  void Refuse(uint32_t slot) {
+    Flight& f = flights_[slot];
+    --instances_[f.placement.instance].running_requests;
+    ++result_.refused_oversize;
+    mode_[f.turn] = f.placement.mode;
+    served_by_[f.turn] = f.placement.instance;
+    EndRequest(slot);
+  }
+
+  // Common end of a finished or refused request.
+  void EndRequest(uint32_t slot) {
+    Flight& f = flights_[slot];
+    const TraceTurn& t = trace_.turns[f.turn];
+    ++finished_[f.turn];
+    AccumulateAreas(now_);
+    --in_flight_;
+    last_end_s_ = now_;
+    if (config_.on_request) {
+      RequestRecord record;
+      record.turn = f.turn;
+      record.session = t.session;
+      record.issue_s = f.issue_s;
+      record.first_token_s = f.issue_s + ttft_[f.turn];
+      record.finish_s = now_;
+      record.instance = f.placement.instance;
+      record.mode = f.placement.mode;
+      record.refused = std::isnan(ttft_[f.turn]);
+      config_.on_request(record);
+    }
+    policy_.OnFinished(f.request, f.placement, *this);
+    DeliverEvictions();
+    if (config_.loop == LoopMode::kClosed) {
+      if (t.turn + 1 < trace_.sessions[t.session].num_turns) {
+        const uint32_t next = f.turn + 1;
+        queue_.Push(now_ + trace_.turns[next].delay_s, EventPayload{EventType::kArrival, next, 0});
+      } else {
+        EndSession();
+      }
+    } else if (++open_turns_done_[t.session] == trace_.sessions[t.session].num_turns) {
+      EndSession();
+    }
+    free_slots_.push_back(slot);
+    if (config_.progress && config_.progress_every != 0 &&
+        (finished_count_ + result_.refused_oversize) % config_.progress_every == 0) {
+      config_.progress(finished_count_ + result_.refused_oversize, trace_.turns.size(), now_);
+    }
+  }
+
+  // --------------------------------------------------------------- helpers --
+
+  absl::Status CheckPlacement(const Flight& f, const policy::Placement& p) const {
+    auto bad = [&](std::string_view what) {
+      return absl::InternalError(absl::StrCat("policy ", result_.name, " placed request ",
+                                              f.turn, " badly: ", std::string(what)));
+    };
+    if (p.instance >= instances_.size()) return bad("no such instance");
+    if (p.prefill != kNoWorker && p.prefill >= prefills_.size()) return bad("no such prefill worker");
+    if (p.migrate_from != kNoWorker) return bad("session migration is not simulated yet");
+    if (p.booking == policy::Booking::kAdmitted) {
+      if (f.admitted_on != p.instance) return bad("admitted placement the instance never admitted");
+      if (p.mode == DecisionMode::kFallback) return bad("admitted placement in mode fallback");
+    } else if (f.admitted_on != kNoWorker) {
+      return bad("an instance admitted the session but the placement does not use it");
+    }
+    if (p.booking == policy::Booking::kSession && instances_[p.instance].admission_pool()) {
+      return bad("session booking on an admission-controlled instance");
+    }
+    return absl::OkStatus();
+  }
+
+  // Whole KV footprint of a request: its input and its output.
+  uint64_t Footprint(const Flight& f) const {
+    const TraceTurn& t = trace_.turns[f.turn];
+    return t.input_tokens + t.output_tokens;
+  }
+
+  bool Oversize(const Flight& f) const {
+    const SimInstance& inst = instances_[f.placement.instance];
+    const uint64_t limit = inst.admission_pool() ? inst.admission().budget_tokens()
+                                                 : inst.pages.capacity_tokens();
+    if (Footprint(f) > limit) return true;
+    return f.placement.prefill != kNoWorker &&
+           trace_.turns[f.turn].input_tokens > prefills_[f.placement.prefill].pages.capacity_tokens();
+  }
+
+  // Books KV for a placement without admission; false when it must wait.
+  bool TryBook(Flight& f, WorkerId d) {
+    SimInstance& inst = instances_[d];
+    const TraceTurn& t = trace_.turns[f.turn];
+    if (inst.admission_pool()) {
+      // KVC's Fallback: a transient entry of input + output tokens.
+      AdmitQuery query;
+      query.session = kTransientSessionBit | f.turn;
+      query.turn = 0;
+      query.input_tokens = Footprint(f);
+      query.append_tokens = query.input_tokens;
+      const AdmitResult result = inst.AdmitEvicting(query, EvictionSink(d));
+      DeliverEvictions();
+      if (!result.admitted) return false;
+      f.booked = true;
+      f.booked_id = query.session;
+      f.instance_hit = 0;
+      NotePeak(inst);
+      return true;
+    }
+    const PageCache::Match match = inst.pages.Lookup(f.request.input_hashes, t.reusable_tokens);
+    if (!inst.pages.Reserve(f.lease, f.request.input_hashes, match, Footprint(f))) return false;
+    const uint64_t gpu_hit = std::min<uint64_t>(
+        t.input_tokens, uint64_t{match.gpu_blocks} * trace_.block_tokens + match.tail_tokens);
+    const uint64_t host_hit = std::min<uint64_t>(
+        t.input_tokens - gpu_hit, uint64_t{match.host_blocks} * trace_.block_tokens);
+    f.booked = true;
+    // With a prefill worker the instance only receives KV: its own cache
+    // decides what need not be sent.
+    f.instance_hit = f.placement.prefill != kNoWorker ? gpu_hit : gpu_hit + host_hit;
+    f.instance_host_hit = f.placement.prefill != kNoWorker ? 0 : host_hit;
+    if (!f.transient) {
+      f.placement.mode = Classify(t, (uint64_t{match.gpu_blocks} + match.host_blocks) *
+                                         trace_.block_tokens + match.tail_tokens);
+    }
+    NotePeak(inst);
+    return true;
+  }
+
+  // The one meaning of the modes: Direct when the serving instance held all
+  // of the session's previous context (`held` tokens of this request's
+  // prefix were there), else Seed for a first turn and Reseed for a later one.
+  DecisionMode Classify(const TraceTurn& t, uint64_t held) const {
+    if (t.turn == 0) return DecisionMode::kSeed;
+    const uint64_t previous_blocks = uint64_t{t.prefix_blocks} * trace_.block_tokens;
+    return t.prefix_blocks > 0 && held >= previous_blocks ? DecisionMode::kDirect
+                                                          : DecisionMode::kReseed;
+  }
+
+  void DrainWaiting(WorkerId d) {
+    SimInstance& inst = instances_[d];
+    while (!inst.waiting.empty()) {
+      const uint32_t slot = inst.waiting.front();
+      if (!TryBook(flights_[slot], d)) break;
+      inst.waiting.pop_front();
+      BeginWhenReady(slot);
+    }
+  }
+
+  double ReloadSeconds(uint64_t tokens) const {
+    if (tokens == 0) return 0;
+    return static_cast<double>(tokens) * static_cast<double>(config_.cost.kv_bytes_per_token) /
+           config_.host_tier.reload_bytes_per_s;
+  }
+
+  void MarkGpu(WorkerId d) {
+    SimInstance& inst = instances_[d];
+    if (!inst.gpu_dirty) {
+      inst.gpu_dirty = true;
+      dirty_gpus_.push_back(d);
+    }
+  }
+
+  // One wake-up per changed GPU timeline, at its next completion.
+  void RescheduleGpus() {
+    for (WorkerId d : dirty_gpus_) {
+      SimInstance& inst = instances_[d];
+      inst.gpu_dirty = false;
+      ++inst.gpu_version;
+      const double next = inst.gpu.NextCompletion();
+      if (std::isfinite(next)) {
+        queue_.Push(std::max(next, now_), EventPayload{EventType::kGpuWake, d, inst.gpu_version});
+      }
+    }
+    dirty_gpus_.clear();
+  }
+
+  void AccumulateAreas(double t) {
+    if (t > last_change_s_) {
+      in_flight_area_ += static_cast<double>(in_flight_) * (t - last_change_s_);
+      sessions_area_ += static_cast<double>(sessions_active_) * (t - last_change_s_);
+      last_change_s_ = t;
+    }
+  }
+
+  // Where an instance call appends the sessions it evicts.
+  std::vector<SessionId>& EvictionSink(WorkerId d) {
+    FlushEvictions();
+    eviction_instance_ = d;
+    return eviction_scratch_;
+  }
+
+  void FlushEvictions() {
+    for (SessionId s : eviction_scratch_) {
+      ++result_.evictions;
+      pending_evictions_.emplace_back(eviction_instance_, s);
+    }
+    eviction_scratch_.clear();
+  }
+
+  // Evictions are reported to the policy after the call that caused them
+  // returned, never while it is placing a request.
+  void DeliverEvictions() {
+    FlushEvictions();
+    if (placing_ != kNoSlot) return;
+    for (const auto& [d, s] : pending_evictions_) policy_.OnEvicted(d, s);
+    pending_evictions_.clear();
+  }
+
+  void NotePeak(SimInstance& inst) {
+    inst.peak_used_tokens = std::max(inst.peak_used_tokens, inst.used_tokens());
+    result_.peak_used_tokens = std::max(result_.peak_used_tokens, inst.peak_used_tokens);
+  }
+
+  uint32_t AllocFlight() {
+    if (!free_slots_.empty()) {
+      const uint32_t slot = free_slots_.back();
+      free_slots_.pop_back();
+      return slot;
+    }
+    flights_.emplace_back();
+    return static_cast<uint32_t>(flights_.size() - 1);
+  }
+
+  void Summarize() {
+    result_.requests = trace_.turns.size();
+    std::vector<double> ttft, e2e;
+    ttft.reserve(ttft_.size());
+    e2e.reserve(e2e_.size());
+    std::array<std::vector<double>, kNumDecisionModes> by_mode;
+    std::vector<std::vector<double>> by_instance(instances_.size());
+    for (size_t i = 0; i < trace_.turns.size(); ++i) {
+      const TraceTurn& t = trace_.turns[i];
+      if (std::isnan(ttft_[i])) continue;  // refused: nothing computed or cached
+      result_.input_tokens += t.input_tokens;
+      result_.output_tokens += t.output_tokens;
+      ++result_.mode_counts[static_cast<int>(mode_[i])];
+      ttft.push_back(ttft_[i]);
+      e2e.push_back(e2e_[i]);
+      by_mode[static_cast<int>(mode_[i])].push_back(ttft_[i]);
+      by_instance[served_by_[i]].push_back(ttft_[i]);
+    }
+    result_.ttft_s = Summary::Of(ttft);
+    result_.e2e_s = Summary::Of(e2e);
+    result_.ttft_sorted_s = std::move(ttft);
+    for (int m = 0; m < kNumDecisionModes; ++m) result_.ttft_by_mode_s[m] = Summary::Of(by_mode[m]);
+    std::vector<double> worker_p90;
+    for (std::vector<double>& v : by_instance) {
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      worker_p90.push_back(SortedPercentile(v, 0.90));
+    }
+    std::sort(worker_p90.begin(), worker_p90.end());
+    result_.worker_ttft_p90_median_s = SortedPercentile(worker_p90, 0.5);
+    result_.worker_ttft_p90_max_s = worker_p90.empty() ? 0.0 : worker_p90.back();
+  }
+
+  const Trace& trace_;
+  policy::RoutingPolicy& policy_;
+  const SimConfig& config_;
+  const EngineModel engine_;
+  const policy::Topology topology_;
+  std::vector<SimInstance> instances_;
+  std::vector<SimPrefillWorker> prefills_;
+  EventQueue<EventPayload> queue_;
+  double now_ = 0;
+
+  std::vector<Flight> flights_;
+  std::vector<uint32_t> free_slots_;
+  uint32_t placing_ = kNoSlot;
+  std::vector<WorkerId> dirty_gpus_;
+  std::vector<uint32_t> prefills_done_, decodes_done_;
+
+  std::vector<SessionId> eviction_scratch_;
+  WorkerId eviction_instance_ = 0;
+  std::vector<std::pair<WorkerId, SessionId>> pending_evictions_;
+
+  // Client load.
+  std::vector<uint32_t> waiting_sessions_;  // trace order, with a concurrency limit
+  size_t next_session_ = 0;
+  std::vector<uint32_t> open_turns_done_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
+  uint64_t in_flight_ = 0;
+  uint64_t sessions_active_ = 0;
+  double last_change_s_ = 0;
+  double in_flight_area_ = 0;
+  double sessions_area_ = 0;
+  double last_end_s_ = 0;
+
+  // Per turn.
+  std::vector<double> ttft_;
+  std::vector<double> e2e_;
+  std::vector<DecisionMode> mode_;
+  std::vector<WorkerId> served_by_;
+  std::vector<uint8_t> finished_;
+  uint64_t finished_count_ = 0;
+  // Per session: the instance of its last session-aware placement.
+  std::vector<WorkerId> last_instance_;
+
+  PolicyResult result_;
+  absl::Status failure_;
+};
+
+}  // namespace kvc_router::sim

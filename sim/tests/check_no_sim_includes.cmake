@@ -1,0 +1,20 @@
+# Fails when a header under include/kvc_router/ includes the simulator
+# (kvc_sim/...), nlohmann-json or CLI11: the router target needs only Abseil
+# and xxHash. Run as: cmake -DKVC_INCLUDE_DIR=<repo>/include -P <this file>
+file(GLOB_RECURSE _headers "${KVC_INCLUDE_DIR}/kvc_router/*.hpp")
+set(_bad "")
+foreach(_h IN LISTS _headers)
+  file(STRINGS "${_h}" _lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](kvc_sim/|nlohmann/|CLI/)")
+  if(_lines)
+    list(APPEND _bad "${_h}: ${_lines}")
+  endif()
+endforeach()
+list(LENGTH _headers _count)
+if(_count EQUAL 0)
+  message(FATAL_ERROR "no headers found under ${KVC_INCLUDE_DIR}/kvc_router")
+endif()
+if(_bad)
+  string(REPLACE ";" "\n  " _bad "${_bad}")
+  message(FATAL_ERROR "router headers include simulator dependencies:\n  ${_bad}")
+endif()
+message(STATUS "${_count} router headers, none includes the simulator")

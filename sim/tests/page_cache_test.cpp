@@ -1,0 +1,141 @@
+// Tests of the page-granular LRU prefix cache (kvc_sim/page_cache.hpp):
+// leading-run matches, pins, least-recently-used leaf-first eviction, the
+// reservation bound, tails of kept contexts and the host tier.
+#include "kvc_sim/page_cache.hpp"
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "kvc_router/detail/splitmix.hpp"
+#include "test_support.hpp"
+
+namespace kvc_router::sim {
+namespace {
+
+constexpr uint32_t kBlock = 10;
+
+TEST_CASE("page cache: a kept chain is found as a leading run", "[sim][page-cache]") {
+  PageCache cache(1000, kBlock, true, {});
+  const std::vector<BlockHash> a = test::TestChain(8, 1);
+  PageCache::Lease lease;
+  PageCache::Match m = cache.Lookup(a);
+  CHECK(m.gpu_blocks == 0);
+  REQUIRE(cache.Reserve(lease, a, m, 85));
+  CHECK(cache.used_tokens() == 85);
+  cache.Release(lease, a, 85);
+  CHECK(cache.cached_tokens() == 80);
+  CHECK(cache.used_tokens() == 80);
+  // A request continuing a's context reuses its 8 pages and the 5-token tail.
+  std::vector<BlockHash> longer = a;
+  const std::vector<BlockHash> more = test::TestChain(3, 2, a.back());
+  longer.insert(longer.end(), more.begin(), more.end());
+  m = cache.Lookup(longer, 85);
+  CHECK(m.gpu_blocks == 8);
+  CHECK(m.tail_tokens == 5);
+  // A different continuation of the same first 4 pages reuses only those.
+  std::vector<BlockHash> branch(a.begin(), a.begin() + 4);
+  const std::vector<BlockHash> other = test::TestChain(4, 3, a[3]);
+  branch.insert(branch.end(), other.begin(), other.end());
+  m = cache.Lookup(branch, 0);
+  CHECK(m.gpu_blocks == 4);
+  CHECK(m.tail_tokens == 0);
+}
+
+TEST_CASE("page cache: least recently used pages go first, pinned pages never",
+          "[sim][page-cache]") {
+  PageCache cache(100, kBlock, true, {});
+  const std::vector<BlockHash> a = test::TestChain(5, 1);
+  const std::vector<BlockHash> b = test::TestChain(5, 2);
+  PageCache::Lease la, lb;
+  REQUIRE(cache.Reserve(la, a, cache.Lookup(a), 50));
+  cache.Release(la, a, 50);
+  REQUIRE(cache.Reserve(lb, b, cache.Lookup(b), 50));
+  cache.Release(lb, b, 50);
+  CHECK(cache.cached_tokens() == 100);
+  // Touch a again (pinned while it runs), then ask for 30 more tokens: only
+  // b's deepest pages may go.
+  PageCache::Lease again;
+  PageCache::Match ma = cache.Lookup(a);
+  REQUIRE(ma.gpu_blocks == 5);
+  REQUIRE(cache.Reserve(again, a, ma, 80));
+  CHECK(cache.Lookup(a).gpu_blocks == 5);
+  CHECK(cache.Lookup(b).gpu_blocks == 2);  // leaves first: b keeps its first 2 pages
+  CHECK(cache.used_tokens() <= cache.capacity_tokens());
+  // Nothing can make room for more than what is unpinned.
+  PageCache::Lease too_big;
+  const std::vector<BlockHash> c = test::TestChain(9, 3);
+  CHECK_FALSE(cache.Reserve(too_big, c, cache.Lookup(c), 90));
+  CHECK(cache.Lookup(b).gpu_blocks == 2);  // a refused reservation changes nothing
+  cache.Release(again, a, 80);
+  CHECK(cache.used_tokens() <= cache.capacity_tokens());
+  // A footprint above the capacity never fits.
+  CHECK_FALSE(cache.Reserve(too_big, c, cache.Lookup(c), 101));
+}
+
+TEST_CASE("page cache: random workloads never exceed the capacity and stay prefix-closed",
+          "[sim][page-cache][property]") {
+  const uint64_t seed = GENERATE(take(20, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  const uint64_t capacity = 50 + rng.Next() % 400;
+  const uint64_t host_capacity = rng.Next() % 300;
+  PageCache cache(capacity, kBlock, true,
+                  {.capacity_tokens = host_capacity, .reload_bytes_per_s = 1e9});
+  std::vector<std::vector<BlockHash>> chains;
+  for (int i = 0; i < 12; ++i) chains.push_back(test::TestChain(1 + rng.Next() % 30, 100 + i));
+  std::vector<std::pair<PageCache::Lease, size_t>> running;
+  for (int step = 0; step < 400; ++step) {
+    if (!running.empty() && (rng.Next() % 2 == 0 || running.size() > 4)) {
+      const size_t k = rng.Next() % running.size();
+      auto& [lease, c] = running[k];
+      const size_t keep = rng.Next() % (chains[c].size() + 1);
+      cache.Release(lease, std::span<const BlockHash>(chains[c]).first(keep), keep * kBlock);
+      running.erase(running.begin() + static_cast<ptrdiff_t>(k));
+    } else {
+      const size_t c = rng.Next() % chains.size();
+      const PageCache::Match m = cache.Lookup(chains[c]);
+      PageCache::Lease lease;
+      if (cache.Reserve(lease, chains[c], m, chains[c].size() * kBlock)) running.emplace_back(lease, c);
+    }
+    REQUIRE(cache.used_tokens() <= capacity);
+    REQUIRE(cache.host_tokens() <= host_capacity);
+    // Prefix-closed, as a radix tree: a cached page's parent is cached.
+    for (const auto& chain : chains) {
+      const uint32_t run = cache.Lookup(chain).gpu_blocks;
+      for (size_t i = run; i < chain.size(); ++i) {
+        INFO("step " << step << " page " << i << " of a chain cached up to " << run);
+        REQUIRE_FALSE(cache.Contains(chain[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("page cache: evicted pages spill to the host tier and are found there",
+          "[sim][page-cache][host-tier]") {
+  PageCache cache(50, kBlock, true, {.capacity_tokens = 1000, .reload_bytes_per_s = 1e9});
+  const std::vector<BlockHash> a = test::TestChain(5, 1);
+  const std::vector<BlockHash> b = test::TestChain(5, 2);
+  PageCache::Lease l;
+  REQUIRE(cache.Reserve(l, a, cache.Lookup(a), 50));
+  cache.Release(l, a, 50);
+  REQUIRE(cache.Reserve(l, b, cache.Lookup(b), 50));  // evicts all of a
+  cache.Release(l, b, 50);
+  const PageCache::Match m = cache.Lookup(a);
+  CHECK(m.gpu_blocks == 0);
+  CHECK(m.host_blocks == 5);
+  CHECK(cache.host_tokens() == 50);
+  PageCache no_host(50, kBlock, true, {});
+  REQUIRE(no_host.Reserve(l, a, no_host.Lookup(a), 50));
+  no_host.Release(l, a, 50);
+  REQUIRE(no_host.Reserve(l, b, no_host.Lookup(b), 50));
+  no_host.Release(l, b, 50);
+  CHECK(no_host.Lookup(a).host_blocks == 0);
+  PageCache disabled(50, kBlock, false, {});
+  REQUIRE(disabled.Reserve(l, a, disabled.Lookup(a), 50));
+  disabled.Release(l, a, 50);
+  CHECK(disabled.Lookup(a).gpu_blocks == 0);
+  CHECK(disabled.used_tokens() == 0);
+}
+
+}  // namespace
+}  // namespace kvc_router::sim
