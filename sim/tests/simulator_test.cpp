@@ -537,6 +537,7 @@ TEST_CASE("simulator: a host tier turns evicted KV into reloads", "[sim][host-ti
   const PolicyResult without = Replay(trace, "dp", config);
   config.host_tier.capacity_tokens = 10'000'000;
   const PolicyResult with = Replay(trace, "dp", config);
+  CHECK(without.evicted_pages > 0);
   CHECK(without.host_reload_tokens == 0);
   CHECK(with.host_reload_tokens > 0);
   CHECK(with.hit_rate() > without.hit_rate());

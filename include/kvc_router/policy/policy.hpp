@@ -25,7 +25,8 @@
 // the call that caused the eviction returned (never re-entrantly).
 //
 // The interface is runtime-polymorphic so a command line can pick policies by
-// name (policy/registry.hpp); the policies themselves are I/O-free.
+// name (kvc-replay's registry, sim/include/kvc_sim/policies/registry.hpp); the
+// policies themselves are I/O-free.
 //
 //   std::unique_ptr<kvc_router::policy::RoutingPolicy> p = ...;
 //   absl::StatusOr<kvc_router::policy::Placement> where = p->Place(request, cluster);
@@ -143,9 +144,8 @@ enum class Booking : uint8_t {
   // session stays resident after the request, until evicted.
   kAdmitted,
   // No admission gate: the instance takes the request (waiting for memory if
-  // it must) and keeps the session's KV in its prefix cache afterwards. The
-  // simulator classifies the mode itself: Direct when the session's context
-  // was resident there, else Seed (turn 0) or Reseed.
+  // it must) and keeps its KV in its prefix cache afterwards, as SGLang's
+  // radix cache does.
   kSession,
   // Plain P/D: the KV lives only while the request runs; nothing is reused.
   kTransient,
@@ -153,7 +153,9 @@ enum class Booking : uint8_t {
 
 struct Placement {
   // Direct, Seed or Reseed from admission; Fallback for KVC's last resort.
-  // For kSession bookings the simulator overwrites it (see Booking).
+  // A simulator or gateway may re-classify Direct/Seed/Reseed from what the
+  // serving instance actually held, so the modes mean the same for every
+  // policy (kvc_sim does).
   DecisionMode mode = DecisionMode::kFallback;
   // The prefill worker, or kNoWorker when the instance prefills itself.
   WorkerId prefill = kNoWorker;

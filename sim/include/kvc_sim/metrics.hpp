@@ -84,7 +84,10 @@ struct PolicyResult {
   // Later turns placed (session-aware) on another instance than the one that
   // served the session's previous session-aware turn.
   uint64_t migrations = 0;
+  // Sessions evicted from admission pools (KVC), and pages evicted from page
+  // caches (every other policy; prefill workers included).
   uint64_t evictions = 0;
+  uint64_t evicted_pages = 0;
   // Requests that waited for KV memory before starting, and requests whose
   // input and output exceed a worker's whole pool (refused, never run).
   uint64_t memory_waits = 0;

@@ -180,6 +180,7 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["admit_attempts"] = p.admit_attempts;
   j["migrations"] = p.migrations;
   j["evictions"] = p.evictions;
+  j["evicted_pages"] = p.evicted_pages;
   j["memory_waits"] = p.memory_waits;
   j["refused_oversize"] = p.refused_oversize;
   j["tokens"] = {{"input", p.input_tokens},

@@ -833,6 +833,8 @@ class Simulator final : public policy::ClusterView {
 
   void Summarize() {
     result_.requests = trace_.turns.size();
+    for (const SimInstance& inst : instances_) result_.evicted_pages += inst.pages.evicted_pages();
+    for (const SimPrefillWorker& p : prefills_) result_.evicted_pages += p.pages.evicted_pages();
     std::vector<double> ttft, e2e;
     ttft.reserve(ttft_.size());
     e2e.reserve(e2e_.size());
