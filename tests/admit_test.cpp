@@ -79,6 +79,19 @@ TEST_CASE("the high-water mark rho * K_d is the limit, inclusive", "[admit]") {
   CHECK(d.free_tokens() == 0);
 }
 
+TEST_CASE("the controller admits up to the exact floor(rho * K_d)", "[admit]") {
+  // rho 0.7 of 90 tokens is 63 (the double product is 62.99999999999999).
+  AdmissionController d = Make(90, 0.7);
+  CHECK(d.budget_tokens() == 63);
+  CHECK(d.Admit(Query(1, 0, 63, 63))->admitted);
+  CHECK_FALSE(d.Admit(Query(2, 0, 1, 1))->admitted);
+  // K_d past kMaxCapacityTokens is refused before anything is built.
+  const auto huge = AdmissionController::Create(
+      AdmissionConfig{.capacity_tokens = ~uint64_t{0}, .high_water = 1.0});
+  CHECK(huge.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(test::Message(huge.status()).find("capacity_tokens") != std::string::npos);
+}
+
 TEST_CASE("malformed queries are refused and change nothing", "[admit]") {
   AdmissionController d = Make(1000);
   auto bad = d.Admit(Query(1, 0, 50, 10));
@@ -113,8 +126,11 @@ TEST_CASE("release and LRU eviction free whole idle sessions", "[admit]") {
   CHECK(d.EvictLeastRecentlyUsed(450) == std::vector<SessionId>{1});
   CHECK(d.free_tokens() == 500);
   // A session asking for room for itself is spared.
-  CHECK(d.EvictLeastRecentlyUsedExcept(900, /*keep=*/3).empty());
-  CHECK(d.EvictLeastRecentlyUsed(900) == std::vector<SessionId>{3});
+  CHECK(d.EvictLeastRecentlyUsedExcept(700, /*keep=*/3).empty());
+  // 900 free tokens are out of reach while session 2 runs: nothing is evicted.
+  CHECK(d.EvictLeastRecentlyUsed(900).empty());
+  CHECK(d.num_sessions() == 2);
+  CHECK(d.EvictLeastRecentlyUsed(700) == std::vector<SessionId>{3});
   CHECK(d.num_sessions() == 1);
   CHECK(d.ReleaseSession(2).ok());
   CHECK(d.used_tokens() == 0);

@@ -2,7 +2,10 @@
 
 #include <catch2/catch.hpp>
 #include <numeric>
+#include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "xxh3_reference.hpp"
 
@@ -56,6 +59,36 @@ TEST_CASE("partial blocks get no hash; block_tokens 0 hashes nothing", "[block_h
   CHECK(ChainedBlockHashes(Iota(23), 24).empty());
   CHECK(ChainedBlockHashes(Iota(24), 24).size() == 1);
   CHECK(ChainedBlockHashes(Iota(100), 0).empty());
+}
+
+// hash-1: the constructor reserved block_tokens tokens up front, so a
+// block_tokens of 2.9e9 asked for 11.6 GB before hashing anything.
+TEST_CASE("SessionHasher::Create refuses block sizes outside 1..kMaxBlockTokens",
+          "[block_hash]") {
+  for (uint32_t bad : {0u, kMaxBlockTokens + 1, 2'900'000'000u}) {
+    INFO("block_tokens " << bad);
+    const absl::StatusOr<SessionHasher> hasher = SessionHasher::Create(/*session=*/3, bad);
+    CHECK(hasher.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(hasher.status().message()).find("block_tokens") != std::string::npos);
+  }
+  absl::StatusOr<SessionHasher> largest = SessionHasher::Create(/*session=*/3, kMaxBlockTokens);
+  REQUIRE(largest.ok());
+  const std::vector<TokenId> context = Iota(kMaxBlockTokens + 5);
+  const Request turn = largest->BeginTurn(context);
+  CHECK(turn.prefix_hashes.empty());
+  REQUIRE(turn.appended_hashes.size() == 1);
+  CHECK(turn.appended_hashes[0] == ChainedBlockHashes(context, kMaxBlockTokens)[0]);
+  CHECK(largest->pending_tokens() == 5);
+}
+
+TEST_CASE("the unchecked constructor stays cheap and correct for huge blocks", "[block_hash]") {
+  SessionHasher hasher(/*session=*/4, 2'900'000'000u);
+  const std::vector<TokenId> tokens = Iota(100);
+  const Request turn = hasher.BeginTurn(tokens);
+  CHECK(turn.append_tokens == 100);
+  CHECK(turn.appended_hashes.empty());
+  CHECK(hasher.pending_tokens() == 100);
+  CHECK(hasher.total_tokens() == 100);
 }
 
 TEST_CASE("incremental hashing equals hashing the whole context", "[block_hash][property]") {

@@ -213,6 +213,68 @@ TEST_CASE("oversized requests are refused before anything changes", "[dispatch]"
   CHECK((*state)->num_sessions() == 0);
 }
 
+// dispatch-1: |prefix| * block_tokens + append_tokens wrapped around 2^64,
+// so admission was asked about an input smaller than its append.
+TEST_CASE("a request whose input_tokens overflows 64 bits is refused", "[dispatch]") {
+  auto state = MakeState(2);
+  std::vector<BlockHash> prefix = {1, 2, 3};
+  Request wraps{.session = 4, .turn = 1, .prefix_hashes = prefix,
+                .append_tokens = ~uint64_t{0} - 10};  // + 3 * 24 passes 2^64
+  CHECK_FALSE(wraps.input_tokens_fit(24));
+  auto op = StartDispatch(*state, wraps);
+  CHECK(op.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(test::Message(op.status()).find("overflows") != std::string::npos);
+  CHECK(state->num_sessions() == 0);
+  CHECK(state->total_inflight() == 0);
+  // The largest input that fits is accepted, and admission sees input >= append.
+  Request largest{.session = 4, .turn = 1, .prefix_hashes = prefix,
+                  .append_tokens = ~uint64_t{0} - 3 * 24};
+  CHECK(largest.input_tokens_fit(24));
+  auto ok = StartDispatch(*state, largest);
+  REQUIRE(ok.ok());
+  CHECK(ok->admit_query().input_tokens == ~uint64_t{0});
+  CHECK(ok->admit_query().input_tokens >= ok->admit_query().append_tokens);
+}
+
+// dispatch-2: a mode or reason byte outside its enum (a bad RPC decoder) was
+// accepted: placed with mode 7, counted with reason 200.
+TEST_CASE("admission answers with out-of-range enum values are refused", "[dispatch]") {
+  auto state = MakeState(2);
+  Request request{.session = 6, .turn = 1, .prefix_hashes = {}, .append_tokens = 1};
+  auto op = StartDispatch(*state, request);
+  REQUIRE(op.ok());
+  const WorkerId target = op->admit_target();
+  const AdmitResult bad_answers[] = {
+      AdmitResult{true, static_cast<DecisionMode>(7), RejectReason::kNone},
+      AdmitResult{true, static_cast<DecisionMode>(kNumDecisionModes), RejectReason::kNone},
+      AdmitResult{false, DecisionMode::kFallback, static_cast<RejectReason>(200)},
+      AdmitResult{false, DecisionMode::kFallback, static_cast<RejectReason>(kNumRejectReasons)},
+      AdmitResult{true, DecisionMode::kDirect, static_cast<RejectReason>(200)},
+      AdmitResult{false, static_cast<DecisionMode>(255), RejectReason::kNoDCapacity},
+  };
+  for (const AdmitResult& answer : bad_answers) {
+    INFO("mode " << static_cast<int>(answer.mode) << " reason "
+                 << static_cast<int>(answer.reason));
+    const absl::Status status = op->OnAdmitResult(answer);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    const std::string message = test::Message(status);
+    CHECK((message.find("not a DecisionMode") != std::string::npos ||
+           message.find("not a RejectReason") != std::string::npos));
+    // Nothing changed: still waiting on the same worker, no counters, no pin.
+    CHECK(op->awaiting_admit());
+    CHECK(op->admit_target() == target);
+    CHECK(op->attempts() == 0);
+    CHECK(op->last_reject_reason() == RejectReason::kNone);
+    CHECK(state->rejects(6, target) == 0);
+    CHECK(state->pin(6) == kNoWorker);
+    CHECK(state->total_inflight() == 0);
+    CHECK(state->assigned(target) == 0);
+  }
+  // A well-formed answer is still taken afterwards.
+  REQUIRE(op->OnAdmitResult(AdmitResult::Admitted(DecisionMode::kReseed)).ok());
+  CHECK(op->decision().mode == DecisionMode::kReseed);
+}
+
 TEST_CASE("inflight is released when the transport fails or throws", "[dispatch]") {
   const Step steps[] = {Step::kAdmit, Step::kRunDirect, Step::kPrefill, Step::kTransferKv,
                         Step::kDecode, Step::kRunFallback};

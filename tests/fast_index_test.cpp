@@ -1,6 +1,7 @@
 #include "kvc_router/index/fast_index.hpp"
 
 #include <catch2/catch.hpp>
+#include <string>
 #include <vector>
 
 #include "kvc_router/index/detail/block_table.hpp"
@@ -62,6 +63,50 @@ TEST_CASE("block table: worker sets move between inline and pooled forms", "[fas
       for (WorkerId w = 0; w < workers; ++w) REQUIRE(runs[w] == (held[w] ? 1u : 0u));
     }
   }
+}
+
+// kv-1: inline worker ids are 12 bits, so worker 4096 aliased worker 0.
+TEST_CASE("block table: workers past the 12-bit encoding are never aliased", "[fast_index]") {
+  CHECK(index_detail::BlockTable::CheckNumWorkers(kMaxWorkers, "T").ok());
+  CHECK(index_detail::BlockTable::CheckNumWorkers(kMaxWorkers + 1, "T").code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(index_detail::BlockTable::CheckNumWorkers(0, "T").code() ==
+        absl::StatusCode::kInvalidArgument);
+  index_detail::BlockTable table(kMaxWorkers + 1);
+  CHECK_FALSE(table.Covers(kMaxWorkers));
+  CHECK_FALSE(table.Insert(5, kMaxWorkers));
+  CHECK_FALSE(table.Contains(5, 0));
+  CHECK_FALSE(table.Contains(5, kMaxWorkers));
+  CHECK(table.size() == 0);
+  CHECK(table.Insert(5, kMaxWorkers - 1));
+  CHECK_FALSE(table.Contains(5, 0));
+  CHECK(table.EraseWorker(kMaxWorkers) == 0);
+  CHECK_FALSE(table.Erase(5, kMaxWorkers));
+  CHECK(table.Contains(5, kMaxWorkers - 1));
+}
+
+TEST_CASE("fast index: more workers than the encoding supports are refused", "[fast_index]") {
+  const auto refused = FastIndex::Create(kMaxWorkers + 1, 0, 16);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(test::Message(refused.status()).find("FastIndex") != std::string::npos);
+  CHECK(test::Message(refused.status()).find("num_workers") != std::string::npos);
+  CHECK(FastIndex::Create(0, 0, 16).status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(FastIndex::Create(kMaxWorkers, 0, 16).ok());
+
+  // Built unchecked anyway: placements on worker 4096 are ignored, not
+  // credited to worker 0.
+  FastIndex unchecked(kMaxWorkers + 1, 0, 16);
+  const auto chain = TestChain(6, 1);
+  unchecked.Learn(kMaxWorkers, /*session=*/1, chain);
+  const std::vector<uint32_t> overlap = OverlapOf(unchecked, chain);
+  CHECK(overlap[0] == 0);
+  CHECK(overlap[kMaxWorkers] == 0);
+  CHECK(unchecked.entries() == 0);
+  CHECK_FALSE(unchecked.Contains(0, chain[0]));
+  CHECK_FALSE(unchecked.HoldsSession(kMaxWorkers, 1));
+  unchecked.Learn(kMaxWorkers - 1, /*session=*/1, chain);
+  CHECK(OverlapOf(unchecked, chain)[kMaxWorkers - 1] == 6);
+  CHECK(OverlapOf(unchecked, chain)[0] == 0);
 }
 
 TEST_CASE("fast index: runs per worker from one bisection", "[fast_index]") {

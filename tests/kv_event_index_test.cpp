@@ -94,6 +94,39 @@ TEST_CASE("bad batches are refused whole with a message", "[kv_events]") {
   CHECK_FALSE(index.Apply(Batch(0, 1, {BlockRemovedEvent{}})).ok());
 }
 
+// kv-1: inline worker ids are 12 bits, so with 4097 workers the blocks of
+// worker 4096 were recorded as worker 0's.
+TEST_CASE("more workers than the block table encodes are refused", "[kv_events]") {
+  for (uint32_t bad : {0u, kMaxWorkers + 1, 1u << 20}) {
+    INFO(bad << " workers");
+    const absl::StatusOr<KvEventIndex> index = KvEventIndex::Create(bad);
+    CHECK(index.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(test::Message(index.status()).find("num_workers") != std::string::npos);
+  }
+  REQUIRE(KvEventIndex::Create(kMaxWorkers).ok());
+  CHECK(KvEventIndex::Create(kMaxWorkers)->num_workers() == kMaxWorkers);
+  CHECK(KvEventIndex::Create(3, {.learn_placements = false}).ok());
+
+  // Built unchecked anyway: worker 4096's batches are refused and change
+  // nothing, and its placements are not taken for worker 0's.
+  KvEventIndex unchecked(kMaxWorkers + 1);
+  const auto chain = TestChain(4, 1);
+  const auto refused = unchecked.Apply(Batch(kMaxWorkers, 0, {Stored(chain, std::nullopt)}));
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(test::Message(refused.status()).find("encodes at most") != std::string::npos);
+  CHECK_FALSE(unchecked.Contains(0, chain[0]));
+  CHECK(unchecked.next_sequence(kMaxWorkers) == 0);
+  CHECK(unchecked.entries() == 0);
+  unchecked.Learn(kMaxWorkers, /*session=*/1, chain);
+  CHECK_FALSE(unchecked.Contains(0, chain[0]));
+  CHECK(OverlapOf(unchecked, chain)[0] == 0);
+  CHECK(unchecked.entries() == 0);
+  // Workers the table covers still work.
+  REQUIRE(unchecked.Apply(Batch(kMaxWorkers - 1, 0, {Stored(chain, std::nullopt)})).ok());
+  CHECK(unchecked.Contains(kMaxWorkers - 1, chain[3]));
+  CHECK_FALSE(unchecked.Contains(0, chain[3]));
+}
+
 TEST_CASE("event, fast and naive indexes agree under random streams", "[kv_events][property]") {
   const uint64_t seed = GENERATE(take(200, random(uint64_t{1}, uint64_t{1} << 40)));
   INFO("seed " << seed);

@@ -3,8 +3,12 @@
 #include "kvc_router/testing/property_kit.hpp"
 
 #include <catch2/catch.hpp>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "kvc_router/admit.hpp"
+#include "kvc_router/dispatch.hpp"
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "test_support.hpp"
@@ -130,6 +134,142 @@ TEST_CASE("a failing scenario replays from the seed it names", "[property][kit]"
   replay.seed = std::stoull(message.substr(at + 14));
   replay.scenarios = 1;
   CHECK(test::Message(testing::CheckFastPath<BoastfulIndex>(make, replay)) == message);
+}
+
+// --- The theorems' premises are needed: counterexamples -------------------
+
+std::unique_ptr<RoutingState<NaiveIndex>> TheoremState(uint32_t decode, uint32_t epsilon) {
+  RouterConfig config;
+  config.num_decode_workers = decode;
+  config.num_prefill_workers = 1;
+  config.reject_threshold = 3;
+  config.max_admit_attempts = epsilon;
+  auto state = RoutingState<NaiveIndex>::Create(config, NaiveIndex(decode));
+  REQUIRE(state.ok());
+  return std::move(*state);
+}
+
+// Runs one Dispatch with `answer(d, query)` as the admission RPC and
+// completes it; returns the decision and adds the attempts to `*attempts`.
+template <class Answer>
+Decision RunOnce(RoutingState<NaiveIndex>& state, const Request& request, Answer answer,
+                 uint64_t* attempts = nullptr) {
+  auto op = StartDispatch(state, request);
+  REQUIRE(op.ok());
+  while (op->awaiting_admit()) {
+    REQUIRE(op->OnAdmitResult(answer(op->admit_target(), op->admit_query())).ok());
+  }
+  if (attempts != nullptr) *attempts += op->attempts();
+  const Decision decision = op->decision();
+  REQUIRE(op->Complete().ok());
+  return decision;
+}
+
+// Theorem 2 as first written ("resident prefix, small append, room => Direct
+// on the pinned worker at the first attempt") also needs rejects[s,d] <
+// tau_reject: here s is pinned and resident on worker 1, which would answer
+// Direct, but bursts of refusals left every counter at tau_reject, so Route
+// takes the degenerate branch and asks worker 0 (fewest rejections, lowest id).
+TEST_CASE("Theorem 2 needs the pinned worker not to have blacklisted the session",
+          "[property][theorem]") {
+  for (const uint32_t bursts : {3u, 2u}) {
+    INFO(bursts << " bursts of refusals (tau_reject = 3)");
+    auto state = TheoremState(/*decode=*/2, /*epsilon=*/2);
+    AdmissionConfig admission;
+    admission.capacity_tokens = 100'000;
+    std::vector<AdmissionController> workers;
+    for (int d = 0; d < 2; ++d) workers.push_back(*AdmissionController::Create(admission));
+    auto real = [&](WorkerId d, const AdmitQuery& q) { return *workers[d].Admit(q); };
+    auto refuse = [](WorkerId, const AdmitQuery&) {
+      return AdmitResult::Rejected(RejectReason::kNoDCapacity);
+    };
+
+    const std::vector<BlockHash> chain = test::TestChain(4, 7);
+    REQUIRE(state->LearnResidency(1, /*session=*/1, chain).ok());  // Route prefers worker 1
+    Request turn{.session = 1, .turn = 0, .prefix_hashes = chain, .append_tokens = 10};
+    const Decision seeded = RunOnce(*state, turn, real);
+    REQUIRE(seeded == Decision{DecisionMode::kSeed, 0, 1});
+    REQUIRE(workers[1].OnRequestFinished(1).ok());
+    for (uint32_t b = 0; b < bursts; ++b) {  // both workers refuse: Fallback, pin stays
+      turn.turn = 1 + b;
+      REQUIRE(RunOnce(*state, turn, refuse).mode == DecisionMode::kFallback);
+    }
+    REQUIRE(state->pin(1) == 1);
+    REQUIRE(state->rejects(1, 0) == bursts);
+    REQUIRE(state->rejects(1, 1) == bursts);
+
+    // Everything but the blacklist premise holds on worker 1.
+    turn.turn = 1 + bursts;
+    std::vector<uint32_t> overlap(2, 0);
+    state->ReadIndex([&](const NaiveIndex& index) { index.Overlap(chain, overlap); });
+    REQUIRE(overlap[1] == chain.size());
+    REQUIRE(workers[1].IsResident(1));
+    const auto would = workers[1].Evaluate(MakeAdmitQuery(turn, state->config().block_tokens));
+    REQUIRE((would.ok() && would->admitted && would->mode == DecisionMode::kDirect));
+
+    uint64_t attempts = 0;
+    const Decision decision = RunOnce(*state, turn, real, &attempts);
+    if (bursts >= state->config().reject_threshold) {
+      // Counterexample: degenerate branch, Reseed on worker 0.
+      CHECK(decision == Decision{DecisionMode::kReseed, 0, 0});
+      CHECK(attempts == 1);
+      CHECK(state->pin(1) == 0);
+    } else {
+      // With the premise rejects[s,d] < tau_reject the theorem holds.
+      CHECK(decision == Decision{DecisionMode::kDirect, kNoWorker, 1});
+      CHECK(attempts == 1);
+    }
+  }
+}
+
+// Theorem 1's |D| * tau_reject bound needs a worker that keeps admitting the
+// session (the kit's premise). "Some worker has room at every Dispatch" is not
+// enough when epsilon < |D|: if the worker with room is always one Route does
+// not ask, the session is never served. With epsilon = |D| every Dispatch asks
+// every worker, so it is served within that Dispatch.
+TEST_CASE("Theorem 1 needs a fixed admitting worker when epsilon < |D|",
+          "[property][theorem]") {
+  const uint64_t seed = test::PropertySeed();
+  INFO("seed " << seed << " (KVC_ROUTER_SEED)");
+  testing::ScenarioRng rng(seed);
+  constexpr uint32_t kWorkers = 3;
+  for (const uint32_t epsilon : {1u, kWorkers}) {
+    INFO("epsilon " << epsilon);
+    auto state = TheoremState(kWorkers, epsilon);
+    const uint64_t bound = uint64_t{kWorkers} * state->config().reject_threshold;
+    uint64_t attempts = 0;
+    uint32_t served = 0;
+    const uint32_t dispatches = 40;
+    for (uint32_t k = 0; k < dispatches; ++k) {
+      Request request{.session = 1, .turn = k, .prefix_hashes = {}, .append_tokens = 10};
+      // This Dispatch's worker with room: any worker but Route's first choice
+      // (Route is deterministic, so the choice is known in advance).
+      const WorkerId first = Route(*state, request).worker;
+      const WorkerId room =
+          static_cast<WorkerId>((first + 1 + rng.Uniform(0, kWorkers - 2)) % kWorkers);
+      REQUIRE(room != first);
+      const Decision decision = RunOnce(
+          *state, request,
+          [&](WorkerId d, const AdmitQuery&) {
+            return d == room ? AdmitResult::Admitted(DecisionMode::kReseed)
+                             : AdmitResult::Rejected(RejectReason::kNoDCapacity);
+          },
+          &attempts);
+      if (decision.mode != DecisionMode::kFallback) {
+        CHECK(decision.decode == room);
+        ++served;
+      }
+    }
+    if (epsilon < kWorkers) {
+      // Counterexample: never served, far past the bound.
+      CHECK(served == 0);
+      CHECK(attempts == dispatches);
+      CHECK(attempts > bound);
+    } else {
+      CHECK(served == dispatches);
+      CHECK(attempts <= uint64_t{dispatches} * kWorkers);
+    }
+  }
 }
 
 }  // namespace

@@ -132,8 +132,10 @@ class AdmissionController {
   }
 
   // Evicts whole sessions with no running request, least recently used first,
-  // until `tokens_needed` tokens are free below rho*K_d or nothing idle is
-  // left. Returns the evicted sessions in eviction order.
+  // until `tokens_needed` tokens are free below rho*K_d. When even every idle
+  // session would not free that much, evicts nothing: a cache is not thrown
+  // away for a request that cannot fit anyway. Returns the evicted sessions
+  // in eviction order.
   std::vector<SessionId> EvictLeastRecentlyUsed(uint64_t tokens_needed) {
     return Evict(tokens_needed, /*spare=*/false, 0);
   }
@@ -169,6 +171,12 @@ class AdmissionController {
 
   std::vector<SessionId> Evict(uint64_t tokens_needed, bool spare, SessionId keep) {
     std::vector<SessionId> evicted;
+    uint64_t reachable = free_tokens();
+    for (auto it = lru_.begin(); it != lru_.end() && reachable < tokens_needed; ++it) {
+      const Session& session = sessions_.find(it->second)->second;
+      if (session.running == 0 && !(spare && it->second == keep)) reachable += session.tokens;
+    }
+    if (reachable < tokens_needed) return evicted;
     for (auto it = lru_.begin(); it != lru_.end() && free_tokens() < tokens_needed;) {
       const SessionId id = it->second;
       auto session = sessions_.find(id);

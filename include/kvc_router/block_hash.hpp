@@ -14,11 +14,13 @@
 // `SessionHasher` keeps one session's chain between turns and hashes only what
 // each turn appends:
 //
-//   kvc_router::SessionHasher hasher(/*session=*/7, /*block_tokens=*/24);
-//   kvc_router::Request turn0 = hasher.BeginTurn(prompt_tokens);
+//   absl::StatusOr<kvc_router::SessionHasher> hasher =
+//       kvc_router::SessionHasher::Create(/*session=*/7, /*block_tokens=*/24);
+//   if (!hasher.ok()) return hasher.status();
+//   kvc_router::Request turn0 = hasher->BeginTurn(prompt_tokens);
 //   ... route turn0 ...
-//   hasher.AppendContext(output_tokens);       // the model's answer
-//   kvc_router::Request turn1 = hasher.BeginTurn(tool_result_tokens);
+//   hasher->AppendContext(output_tokens);       // the model's answer
+//   kvc_router::Request turn1 = hasher->BeginTurn(tool_result_tokens);
 #pragma once
 
 #include <algorithm>
@@ -28,6 +30,10 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kvc_router/config.hpp"
 #include "kvc_router/detail/xxhash.hpp"
 #include "kvc_router/types.hpp"
 
@@ -88,10 +94,26 @@ inline std::vector<BlockHash> ChainedBlockHashes(std::span<const TokenId> tokens
 // Not thread-safe; a session's turns are sequential anyway.
 class SessionHasher {
  public:
-  // `block_tokens` must be >= 1 (RouterConfig::Validate checks the router's).
+  // Checks `block_tokens` (1..kMaxBlockTokens, as RouterConfig::Validate
+  // does for the router's) and makes the hasher.
+  static absl::StatusOr<SessionHasher> Create(SessionId session, uint32_t block_tokens) {
+    if (block_tokens == 0 || block_tokens > kMaxBlockTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SessionHasher: block_tokens must be in 1..", kMaxBlockTokens,
+          " (kMaxBlockTokens), got ", block_tokens, " (session ", session, ")"));
+    }
+    return SessionHasher(session, block_tokens);
+  }
+
+  // Unchecked form for a `block_tokens` already validated (e.g. the router's
+  // config.block_tokens); prefer `Create`. Whatever the value, the hasher
+  // stays defined: it reserves at most kMaxBlockTokens tokens up front and
+  // past that allocates only for tokens it is given, and a 0 (which
+  // RouterConfig::Validate and Create refuse) is treated as 1 so that
+  // nothing divides by zero.
   SessionHasher(SessionId session, uint32_t block_tokens)
       : session_(session), block_tokens_(block_tokens == 0 ? 1 : block_tokens) {
-    pending_.reserve(block_tokens_);
+    pending_.reserve(std::min(block_tokens_, kMaxBlockTokens));
   }
 
   // Adds context that is not a new turn (the model's output of the previous

@@ -10,9 +10,11 @@
 //   if (absl::Status s = config.Validate(); !s.ok()) { /* report s.message() */ }
 #pragma once
 
-#include <cmath>
+#include <charconv>
 #include <cstdint>
+#include <system_error>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -20,8 +22,64 @@
 namespace kvc_router {
 
 // Upper bound on workers of each pool: keeps ids dense and per-session
-// counters small. Raise it if a deployment ever needs more.
+// counters small, and it is what the fast indexes' inline worker ids can
+// encode (12 bits, index/detail/block_table.hpp). Raising it means widening
+// that encoding first.
 inline constexpr uint32_t kMaxWorkers = 4096;
+
+// Upper bound on RouterConfig::block_tokens (and SessionHasher's block
+// size). Real engines use 1..1024-token blocks; the bound keeps the per-block
+// buffers small and |prefix| * block_tokens far from overflow.
+inline constexpr uint32_t kMaxBlockTokens = uint32_t{1} << 16;
+
+// Upper bound on AdmissionConfig::capacity_tokens (K_d), 2^48 tokens: a
+// million times the largest KV pools in use, while every token count (and a
+// sum of a few of them) stays exact in uint64 arithmetic and in a double
+// (reports, JSON).
+inline constexpr uint64_t kMaxCapacityTokens = uint64_t{1} << 48;
+
+namespace detail {
+
+// floor(rho * tokens), exactly. rho is read as the decimal it was written as,
+// i.e. the shortest decimal that converts back to the same double (0.7 means
+// 7/10, not the double's binary value 0.6999999999999999555...), so
+// floor(0.7 * 90) is 63 as it is on paper. The product is formed in 128-bit
+// integers, so no rounding happens anywhere and the result never exceeds
+// `tokens` for rho <= 1. Returns 0 unless 0 < rho <= 1.
+inline uint64_t ExactFloorOfFraction(double rho, uint64_t tokens) {
+  if (!(rho > 0.0 && rho <= 1.0)) return 0;
+  // Scientific form, shortest round-trip digits: "7e-01", "9.5e-01", "1e+00".
+  char text[64];
+  const std::to_chars_result printed =
+      std::to_chars(text, text + sizeof(text), rho, std::chars_format::scientific);
+  if (printed.ec != std::errc()) return 0;  // cannot happen: 64 chars always suffice
+  uint64_t digits = 0;  // at most 17 significant digits
+  int fraction_digits = 0;
+  bool after_point = false;
+  const char* p = text;
+  for (; p != printed.ptr && *p != 'e'; ++p) {
+    if (*p == '.') {
+      after_point = true;
+      continue;
+    }
+    digits = digits * 10 + static_cast<uint64_t>(*p - '0');
+    fraction_digits += after_point ? 1 : 0;
+  }
+  int exponent = 0;
+  bool negative = false;
+  if (p != printed.ptr) ++p;  // 'e'
+  if (p != printed.ptr && (*p == '-' || *p == '+')) negative = *p++ == '-';
+  for (; p != printed.ptr; ++p) exponent = exponent * 10 + (*p - '0');
+  // rho = digits / 10^scale with scale >= 0, because rho <= 1.
+  const int scale = fraction_digits + (negative ? exponent : -exponent);
+  // digits * tokens < 10^17 * 2^64 < 10^37: below 10^scale the floor is 0.
+  if (scale < 0 || scale > 37) return 0;
+  absl::uint128 divisor = 1;
+  for (int i = 0; i < scale; ++i) divisor *= 10;
+  return absl::Uint128Low64(absl::uint128(digits) * tokens / divisor);
+}
+
+}  // namespace detail
 
 struct RouterConfig {
   // |D|: decode workers, ids 0..num_decode_workers-1. Must be >= 1.
@@ -29,7 +87,8 @@ struct RouterConfig {
   // |P|: prefill workers. 0 means the decode instances prefill themselves
   // (Seed, Reseed and Fallback then carry prefill = kNoWorker).
   uint32_t num_prefill_workers = 1;
-  // Tokens per KV block; input_len = |prefix_hashes| * block_tokens + append.
+  // Tokens per KV block, 1..kMaxBlockTokens;
+  // input_len = |prefix_hashes| * block_tokens + append.
   uint32_t block_tokens = 24;
   // alpha: sticky bonus, in blocks, added to the pinned worker's overlap.
   uint32_t sticky_bonus = 1;
@@ -62,9 +121,10 @@ struct RouterConfig {
           "RouterConfig: at most ", kMaxWorkers, " workers per pool, got |D|=",
           num_decode_workers, " |P|=", num_prefill_workers));
     }
-    if (block_tokens == 0) {
-      return absl::InvalidArgumentError(
-          "RouterConfig.block_tokens must be >= 1");
+    if (block_tokens == 0 || block_tokens > kMaxBlockTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RouterConfig.block_tokens must be in 1..", kMaxBlockTokens,
+          " (kMaxBlockTokens), got ", block_tokens));
     }
     if (reject_threshold == 0) {
       return absl::InvalidArgumentError(
@@ -97,25 +157,32 @@ enum class CapacityAccounting : uint8_t {
 };
 
 struct AdmissionConfig {
-  // K_d: the worker's KV pool in tokens (SGLang's max_total_num_tokens).
-  // The seed's evaluation reported 92,104.
+  // K_d: the worker's KV pool in tokens (SGLang's max_total_num_tokens),
+  // 1..kMaxCapacityTokens. The seed's evaluation reported 92,104.
   uint64_t capacity_tokens = 92104;
-  // rho: admissions keep resident tokens at or below rho * K_d.
+  // rho: admissions keep resident tokens at or below rho * K_d; in (0, 1].
   double high_water = 0.95;
   // tau_append: largest append served Direct.
   uint64_t max_direct_append_tokens = 8192;
   CapacityAccounting accounting = CapacityAccounting::kConservative;
 
   // floor(rho * K_d): the most tokens the pool may hold after an admission.
+  // Exact (see detail::ExactFloorOfFraction: rho is the decimal as written,
+  // 0.7 * 90 gives 63) and never above K_d. Meaningful for a config that
+  // passes Validate(); 0 when rho is outside (0, 1].
   uint64_t budget_tokens() const {
-    return static_cast<uint64_t>(
-        std::floor(high_water * static_cast<double>(capacity_tokens)));
+    return detail::ExactFloorOfFraction(high_water, capacity_tokens);
   }
 
   absl::Status Validate() const {
     if (capacity_tokens == 0) {
       return absl::InvalidArgumentError(
           "AdmissionConfig.capacity_tokens (K_d) must be >= 1");
+    }
+    if (capacity_tokens > kMaxCapacityTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AdmissionConfig.capacity_tokens (K_d) must be at most ", kMaxCapacityTokens,
+          " (2^48, kMaxCapacityTokens), got ", capacity_tokens));
     }
     if (!(high_water > 0.0 && high_water <= 1.0)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -111,12 +111,27 @@ class DispatchOp {
   RejectReason last_reject_reason() const { return last_reject_; }
 
   // Feeds the answer of `admit_target()`. Errors (and changes nothing) when
-  // the op is not waiting for an answer or the answer is malformed.
+  // the op is not waiting for an answer or the answer is malformed: a mode
+  // or reason outside its enum, an admission as Fallback, or a rejection
+  // without a reason.
   absl::Status OnAdmitResult(const AdmitResult& result) {
     if (stage_ != Stage::kAwaitingAdmit) {
       return absl::FailedPreconditionError(absl::StrCat(
           "DispatchOp::OnAdmitResult: session ", request_.session,
           " is not waiting for an admission answer"));
+    }
+    // An answer decoded from the wire may carry any byte in its enums.
+    if (static_cast<int>(result.mode) >= kNumDecisionModes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DispatchOp::OnAdmitResult: worker ", target_, " answered session ",
+          request_.session, " with decision mode ", static_cast<int>(result.mode),
+          ", which is not a DecisionMode (0..", kNumDecisionModes - 1, ")"));
+    }
+    if (static_cast<int>(result.reason) >= kNumRejectReasons) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DispatchOp::OnAdmitResult: worker ", target_, " answered session ",
+          request_.session, " with reject reason ", static_cast<int>(result.reason),
+          ", which is not a RejectReason (0..", kNumRejectReasons - 1, ")"));
     }
     if (result.admitted && result.mode == DecisionMode::kFallback) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -246,7 +261,10 @@ class DispatchOp {
 };
 
 // Starts Algorithm 3 for `request`: validates it and routes the first
-// attempt. Errors (and changes nothing) on a request the router must refuse.
+// attempt. Errors (and changes nothing) on a request the router must refuse:
+// more than max_prefix_blocks prefix or appended blocks, appended blocks
+// that need more tokens than append_tokens, or an input_tokens that would
+// overflow 64 bits.
 template <CacheIndex Index>
 absl::StatusOr<DispatchOp<Index>> StartDispatch(RoutingState<Index>& state,
                                                 const Request& request) {
@@ -263,11 +281,19 @@ absl::StatusOr<DispatchOp<Index>> StartDispatch(RoutingState<Index>& state,
         request.appended_hashes.size(), " appended blocks; the limit is ",
         config.max_prefix_blocks, " (RouterConfig.max_prefix_blocks)"));
   }
-  if (request.appended_hashes.size() * uint64_t{config.block_tokens} > request.append_tokens) {
+  // |appended| * block_tokens > append_tokens, without the product overflowing.
+  if (request.appended_hashes.size() > request.append_tokens / config.block_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "StartDispatch: session ", request.session, " has ",
         request.appended_hashes.size(), " appended blocks of ", config.block_tokens,
         " tokens but only ", request.append_tokens, " append tokens"));
+  }
+  if (!request.input_tokens_fit(config.block_tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StartDispatch: session ", request.session, " has input_tokens = ",
+        request.prefix_hashes.size(), " prefix blocks * ", config.block_tokens,
+        " tokens + ", request.append_tokens,
+        " append tokens, which overflows 64 bits"));
   }
   DispatchOp<Index> op(state, request);
   absl::MutexLock lock(&detail::StateAccess::Mutex(state));

@@ -51,10 +51,19 @@ struct Request {
   // the next turn, whose prefix includes them, finds them resident.
   std::span<const BlockHash> appended_hashes;
 
-  // input_len(r) = |prefix_hashes| * block_tokens + append_len.
+  // input_len(r) = |prefix_hashes| * block_tokens + append_len. Meaningful
+  // only when `input_tokens_fit(block_tokens)`; StartDispatch refuses
+  // requests for which it does not.
   constexpr uint64_t input_tokens(uint32_t block_tokens) const {
     return static_cast<uint64_t>(prefix_hashes.size()) * block_tokens +
            append_tokens;
+  }
+  // False when input_len(r) does not fit in 64 bits (it would wrap).
+  constexpr bool input_tokens_fit(uint32_t block_tokens) const {
+    constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+    const uint64_t blocks = static_cast<uint64_t>(prefix_hashes.size());
+    if (block_tokens != 0 && blocks > kMax / block_tokens) return false;
+    return blocks * block_tokens <= kMax - append_tokens;
   }
 };
 

@@ -87,3 +87,45 @@ TEST_CASE("gpu timeline: a batch shares its step time", "[sim][gpu]") {
 
 }  // namespace
 }  // namespace kvc_router::sim
+
+namespace kvc_router::sim {
+namespace {
+
+TEST_CASE("gpu timeline: zero-time work completes at once, never lost", "[sim][gpu]") {
+  CostModel free;
+  free.prefill_overhead_s = 0;
+  free.decode_step_base_s = 0;
+  free.decode_step_per_request_s = 0;
+  free.decode_step_per_context_token_s = 0;
+  GpuTimeline gpu(free);
+  gpu.AdvanceTo(5.0);
+  gpu.EnqueuePrefill(0, 0.0, 1, 0);
+  gpu.AddDecode(1, 10, 100);
+  CHECK(gpu.NextCompletion() == 5.0);
+  std::vector<uint32_t> prefills, decodes;
+  gpu.TakeDue(prefills, decodes);
+  CHECK(prefills == std::vector<uint32_t>{0});
+  CHECK(decodes == std::vector<uint32_t>{1});
+  CHECK(gpu.idle());
+}
+
+TEST_CASE("gpu timeline: completions at epoch-sized times are reached", "[sim][gpu]") {
+  const CostModel cost;
+  GpuTimeline gpu(cost);
+  gpu.AdvanceTo(1.7e9);
+  gpu.AddDecode(0, 3, 1000);
+  gpu.AddDecode(1, 5, 1000);
+  gpu.AddDecode(2, 7, 1000);
+  std::vector<uint32_t> prefills, decodes;
+  int wakes = 0;
+  while (!gpu.idle() && wakes < 100) {
+    gpu.AdvanceTo(gpu.NextCompletion());
+    gpu.TakeDue(prefills, decodes);
+    ++wakes;
+  }
+  CHECK(decodes.size() == 3);
+  CHECK(wakes <= 3);
+}
+
+}  // namespace
+}  // namespace kvc_router::sim

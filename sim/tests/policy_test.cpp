@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kvc_router/admit.hpp"
-#include "kvc_router/block_hash.hpp"
+#include "kvc_router/testing/fake_cluster.hpp"
 #include "test_support.hpp"
 
 namespace kvc_router::sim {
@@ -21,66 +21,8 @@ using policy::Placement;
 using policy::PolicyRequest;
 using policy::Topology;
 
-// A cluster of real AdmissionControllers with settable loads.
-class FakeCluster final : public ClusterView {
- public:
-  FakeCluster(Topology topology, uint32_t prefill, uint32_t instances, uint64_t capacity)
-      : topology_(topology), prefill_(prefill), loads_(instances) {
-    for (uint32_t d = 0; d < instances; ++d) {
-      AdmissionConfig config;
-      config.capacity_tokens = capacity;
-      workers_.push_back(*AdmissionController::Create(config));
-    }
-  }
-  Topology topology() const override { return topology_; }
-  uint32_t num_prefill_workers() const override { return prefill_; }
-  uint32_t num_instances() const override { return static_cast<uint32_t>(workers_.size()); }
-  InstanceLoad instance_load(WorkerId d) const override { return loads_[d]; }
-  InstanceLoad prefill_load(WorkerId) const override { return {}; }
-  double now_s() const override { return now; }
-  absl::StatusOr<AdmitResult> Admit(WorkerId d, const AdmitQuery& query) override {
-    asked.push_back(d);
-    if (d >= workers_.size()) return absl::NotFoundError("no such worker");
-    return workers_[d].Admit(query);
-  }
-  AdmissionController& worker(WorkerId d) { return workers_[d]; }
-
-  double now = 0;
-  std::vector<WorkerId> asked;
-
- private:
-  Topology topology_;
-  uint32_t prefill_;
-  std::vector<InstanceLoad> loads_;
-  std::vector<AdmissionController> workers_;
-};
-
-// One session's chain, grown turn by turn (block_tokens = 16).
-struct Session {
-  SessionId id;
-  std::vector<BlockHash> chain;
-  uint32_t turn = 0;
-
-  PolicyRequest Next(uint64_t request_id, size_t new_blocks) {
-    const size_t prefix = chain.size();
-    for (size_t i = 0; i < new_blocks; ++i) {
-      const TokenId token = static_cast<TokenId>(id * 1000 + chain.size());
-      chain.push_back(HashBlock(chain.empty() ? kChainRootHash : chain.back(),
-                                std::span<const TokenId>(&token, 1)));
-    }
-    PolicyRequest r;
-    r.id = request_id;
-    r.request.session = id;
-    r.request.turn = turn++;
-    r.request.prefix_hashes = std::span<const BlockHash>(chain).first(prefix);
-    r.request.appended_hashes = std::span<const BlockHash>(chain).subspan(prefix);
-    r.request.append_tokens = new_blocks * 16;
-    r.input_tokens = chain.size() * 16;
-    r.input_hashes = chain;
-    r.context_hashes = chain;
-    return r;
-  }
-};
+using testing::FakeCluster;
+using Session = testing::GrowingSession;
 
 PolicySetup Env() {
   PolicySetup setup;
@@ -103,8 +45,10 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
     names.emplace_back(info.name);
     CHECK_FALSE(info.description.empty());
   }
-  CHECK(names ==
-        std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "pd", "pd-sglang", "dp"});
+  CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "pd", "pd-sglang", "dp",
+                                          "load-only", "lmetric", "sticky", "unified",
+                                          "load-only-pd", "lmetric-pd", "sticky-pd",
+                                          "unified-pd"});
   for (const PolicyInfo& info : ListPolicies()) {
     auto policy = Make(std::string(info.name), Env());
     CHECK(policy->name() == info.name);
@@ -117,7 +61,7 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
   CHECK_FALSE(MakePolicy("pd", Env())->engine.prefill_cache);
   CHECK_FALSE(MakePolicy("pd", Env())->engine.delta_transfer);
   CHECK(MakePolicy("pd-sglang", Env())->engine.delta_transfer);
-  auto unknown = MakePolicy("lmetric", Env());
+  auto unknown = MakePolicy("ear", Env());
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(test::Message(unknown.status()), Catch::Contains("known: kvc, kvc-v1, kvc-colo"));
   PolicySetup no_p = Env();

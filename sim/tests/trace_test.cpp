@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -459,13 +460,14 @@ TEST_CASE("trace lines: any JSON object is read; unknown fields are ignored", "[
       "\"nested\":{\"dup\":1,\"dup\":2}}\n"
       "\t{\"session_id\":7,\"input_length\":1,\"output_length\":1,\"timestamp\":0}\t\n"
       "{\"session_id\":-3,\"input_length\":1,\"output_length\":1,\"timestamp\":0}\n"
-      "{\"session_id\":\"7\",\"input_length\":1,\"output_length\":1,\"delay\":0}\n";
+      "{\"session_id\":7,\"input_length\":1,\"output_length\":1,\"delay\":0}\n";
   auto trace = ParseMultiturn(text);
   REQUIRE(trace.ok());
   REQUIRE(trace->sessions.size() == 4);
   CHECK(trace->sessions[0].name == "a\xc3\xa9\n");
   CHECK(trace->sessions[1].name == "\xf0\x9f\x98\x80");
-  // An integer session id names the same session as its decimal string.
+  // An integer session id is named by its decimal form (the string "7" is a
+  // different session: see "multiturn: a number and a string session id").
   CHECK(trace->sessions[2].name == "7");
   CHECK(trace->sessions[2].num_turns == 2);
   CHECK(trace->sessions[3].name == "-3");
@@ -575,6 +577,325 @@ TEST_CASE("trace lines: random mutations of valid lines never crash", "[sim][tra
   CHECK(loaded + refused == 2 * uint64_t{scenarios});
   CHECK(loaded > 0);
   CHECK(invalid_json > 0);
+}
+
+// Issue 10, json-1: a line with many distinct keys parses in linear time
+// (keys go into a hash set; unknown members are checked but not stored).
+// Timed against nlohmann-json building the same line as a DOM, so the bound
+// holds in Debug and sanitizer builds too: a quadratic check would take
+// hundreds of times longer.
+TEST_CASE("trace lines: a line with 40000 distinct keys loads quickly", "[sim][trace]") {
+  std::string keys;
+  for (int k = 0; k < 40000; ++k) keys += ",\"key_number_" + std::to_string(k) + "\":1";
+  const std::string line =
+      R"({"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1])" + keys +
+      "}";
+  REQUIRE(line.size() > 430000);
+  const auto seconds_of = [](auto&& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  absl::StatusOr<Trace> mooncake;
+  const double load_s = seconds_of([&] { mooncake = ParseMooncake(line + "\n"); });
+  nlohmann::json dom;
+  const double dom_s = seconds_of([&] { dom = nlohmann::json::parse(line, nullptr, false); });
+  REQUIRE(dom.size() == 40004);
+  REQUIRE(mooncake.ok());
+  CHECK(mooncake->turns.size() == 1);
+  CHECK(mooncake->turns[0].input_blocks == 2);
+  INFO("loader " << load_s << " s, nlohmann-json DOM " << dom_s << " s");
+  CHECK(load_s < 5 * dom_s + 0.05);
+
+  // The last of 40,000 keys repeating the first one (or a known field) is
+  // still found.
+  auto repeated = ParseMultiturn(
+      R"({"session_id": "s", "input_length": 1024, "output_length": 1, "timestamp": 0)" + keys +
+      ",\"key_number_0\":2}\n");
+  REQUIRE_FALSE(repeated.ok());
+  CHECK_THAT(test::Message(repeated.status()),
+             Catch::Contains("line 1: duplicate key \"key_number_0\""));
+  auto repeated_known = ParseMultiturn(
+      R"({"session_id": "s", "input_length": 1024, "output_length": 1, "timestamp": 0, "x": 1, )"
+      R"("timestamp": 0})" "\n");
+  REQUIRE_FALSE(repeated_known.ok());
+  CHECK_THAT(test::Message(repeated_known.status()),
+             Catch::Contains("line 1: duplicate key \"timestamp\""));
+}
+
+// Issue 10, trace-1: a continuation shares ALL of its predecessor's ids (or
+// all but a partial last block), not just one id at the right index.
+TEST_CASE("mooncake: one matching id at the right index does not join sessions",
+          "[sim][trace]") {
+  const std::string text =
+      MooncakeLine("0", "1024", "1", "[1, 2]") + "\n" +
+      // Only the last id matches line 1's last id, at the same index.
+      MooncakeLine("1000", "1536", "1", "[7, 2, 3]") + "\n" +
+      MooncakeLine("2000", "1100", "1", "[10, 11, 12]") + "\n" +
+      // Only id 11 matches line 3's second-to-last id (its last block is partial).
+      MooncakeLine("3000", "2048", "1", "[20, 11, 30, 31]") + "\n" +
+      // A genuine continuation of line 1, which is therefore still free.
+      MooncakeLine("4000", "1536", "1", "[1, 2, 5]") + "\n" +
+      // A genuine continuation of line 3 through its partial last block.
+      MooncakeLine("5000", "1536", "1", "[10, 11, 40]") + "\n";
+  auto trace = ParseMooncake(text);
+  REQUIRE(trace.ok());
+  REQUIRE(trace->sessions.size() == 4);
+  // Sessions in order of first request: {1, 5}, {2}, {3, 6}, {4}.
+  CHECK(trace->sessions[0].num_turns == 2);
+  CHECK(trace->sessions[1].num_turns == 1);
+  CHECK(trace->sessions[2].num_turns == 2);
+  CHECK(trace->sessions[3].num_turns == 1);
+  for (const TraceTurn& t : trace->turns) {
+    INFO("line " << t.line);
+    if (t.line == 2 || t.line == 4) {
+      CHECK(t.turn == 0);
+      CHECK(t.reusable_tokens == 0);
+    }
+    if (t.line == 5 || t.line == 6) {
+      CHECK(t.turn == 1);
+      CHECK(t.reusable_tokens == 1024);
+    }
+  }
+  CHECK(trace->IdealSessionHitRate() ==
+        Approx(2048.0 / (1024 + 1536 + 1100 + 2048 + 1536 + 1536)));
+
+  // Without the genuine continuations, nothing is shared at all (before the
+  // fix lines 2 and 4 were credited 1024 tokens each).
+  const size_t genuine = text.find(MooncakeLine("4000", "1536", "1", "[1, 2, 5]"));
+  std::istringstream crafted(text.substr(0, genuine));
+  auto only_crafted = ParseMooncakeTrace(crafted, TraceOptions{});
+  REQUIRE(only_crafted.ok());
+  CHECK(only_crafted->sessions.size() == 4);
+  CHECK(only_crafted->IdealSessionHitRate() == 0.0);
+}
+
+// Issue 10, trace-2: times are bounded (kMaxTraceTimeMs), also as a
+// session's delays add up, so no arrival is huge or infinite.
+TEST_CASE("trace lines: absurd and non-finite times are refused", "[sim][trace]") {
+  const std::string limit = "1e+12";
+  struct Case {
+    std::string text;
+    std::string expect;
+  };
+  const std::vector<Case> mooncake = {
+      {MooncakeLine("1e308", "1024", "1", "[0, 1]"),
+       "line 1: field \"timestamp\" is 1e+308 ms, above the limit of " + limit + " ms"},
+      {MooncakeLine("1000000000001", "1024", "1", "[0, 1]"),
+       "line 1: field \"timestamp\" is 1e+12 ms, above the limit"},
+      {MooncakeLine("18446744073709551615", "1024", "1", "[0, 1]"),
+       "line 1: field \"timestamp\" is 1.84467e+19 ms, above the limit"},
+  };
+  for (const Case& c : mooncake) {
+    INFO(c.text);
+    auto trace = ParseMooncake(c.text + "\n");
+    REQUIRE_FALSE(trace.ok());
+    CHECK_THAT(test::Message(trace.status()), Catch::Contains(c.expect));
+  }
+  const std::string first =
+      R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 0})" "\n";
+  const auto later = [](const std::string& delay) {
+    return R"({"session_id": "s", "input_length": 10, "output_length": 1, "delay": )" + delay +
+           "}\n";
+  };
+  const std::vector<Case> multiturn = {
+      {R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 1e308})" "\n",
+       "line 1: field \"timestamp\" is 1e+308 ms, above the limit of " + limit + " ms"},
+      {first + later("1e308"), "line 2: field \"delay\" is 1e+308 ms, above the limit"},
+      // Each delay is allowed; their sum is not.
+      {first + later("6e11") + later("6e11"),
+       "line 3: field \"delay\" takes session \"s\" to 1.2e+12 ms, past the limit of " + limit +
+           " ms"},
+      {R"({"session_id": 5, "input_length": 10, "output_length": 1, "timestamp": 1e12})" "\n"
+       R"({"session_id": 5, "input_length": 10, "output_length": 1, "delay": 0.5})" "\n",
+       "line 2: field \"delay\" takes session 5 to"},
+      {first + R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 2e12})"
+               "\n",
+       "line 2: field \"timestamp\" is 2e+12 ms, above the limit"},
+  };
+  for (const Case& c : multiturn) {
+    INFO(c.text);
+    auto trace = ParseMultiturn(c.text);
+    REQUIRE_FALSE(trace.ok());
+    CHECK_THAT(test::Message(trace.status()), Catch::Contains(c.expect));
+  }
+  // Many huge delays: refused where the sum first passes the limit.
+  std::string many = first;
+  for (int k = 0; k < 200; ++k) many += later("9e11");
+  auto summed = ParseMultiturn(many);
+  REQUIRE_FALSE(summed.ok());
+  CHECK_THAT(test::Message(summed.status()), Catch::StartsWith("line 3: field \"delay\""));
+
+  // The limit itself is allowed.
+  auto at_limit = ParseMooncake(MooncakeLine("1e12", "1024", "1", "[0, 1]") + "\n");
+  REQUIRE(at_limit.ok());
+  CHECK(at_limit->turns[0].arrival_s == Approx(1e9));
+  auto sum_at_limit = ParseMultiturn(first + later("5e11") + later("5e11"));
+  REQUIRE(sum_at_limit.ok());
+  CHECK(sum_at_limit->turns.back().arrival_s == Approx(1e9));
+  CHECK(sum_at_limit->Validate().ok());
+}
+
+// Issue 10, trace-3: a later turn's timestamp may not go back in time.
+TEST_CASE("multiturn: a later timestamp before the previous turn is refused", "[sim][trace]") {
+  auto back = ParseMultiturn(
+      R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 1000})" "\n"
+      R"({"session_id": "t", "input_length": 10, "output_length": 1, "timestamp": 0})" "\n"
+      R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 500})" "\n");
+  REQUIRE_FALSE(back.ok());
+  CHECK(back.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(test::Message(back.status()),
+             Catch::Contains("line 3: field \"timestamp\" is 500 ms, before the previous turn of "
+                             "session \"s\" (line 1, at 1000 ms)"));
+  // After a delay the previous turn's arrival is the sum: 100 + 200 ms.
+  auto after_delay = ParseMultiturn(
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "timestamp": 100})" "\n"
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "delay": 200})" "\n"
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "timestamp": 299.5})" "\n");
+  REQUIRE_FALSE(after_delay.ok());
+  CHECK_THAT(test::Message(after_delay.status()),
+             Catch::Contains("line 3: field \"timestamp\" is 299.5 ms, before the previous turn of "
+                             "session 9 (line 2, at 300 ms)"));
+  // An equal timestamp (exactly, in ms, despite 0.1 + 0.2 != 0.3 in seconds)
+  // is a delay of 0; a later one the difference.
+  auto ok = ParseMultiturn(
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "timestamp": 100})" "\n"
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "delay": 200})" "\n"
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "timestamp": 300})" "\n"
+      R"({"session_id": 9, "input_length": 10, "output_length": 1, "timestamp": 1300})" "\n");
+  REQUIRE(ok.ok());
+  REQUIRE(ok->turns.size() == 4);
+  CHECK(ok->turns[2].delay_s == Approx(0.0).margin(1e-12));
+  CHECK(ok->turns[3].delay_s == Approx(1.0));
+  CHECK(ok->turns[3].arrival_s == Approx(1.3));
+}
+
+// Issue 10, trace-4: a line's hash_ids describe its input_length tokens (the
+// whole prompt on a first turn, the new tokens on a later one) in blocks from
+// the first of them: their count is checked, and later turns' ids are used.
+TEST_CASE("multiturn: hash_ids are counted, and later turns' ids are chained", "[sim][trace]") {
+  const auto turn = [](const std::string& session, uint64_t input, uint64_t output,
+                       const std::string& ids, bool first) {
+    return "{\"session_id\": \"" + session + "\", \"input_length\": " + std::to_string(input) +
+           ", \"output_length\": " + std::to_string(output) +
+           (ids.empty() ? std::string() : ", \"hash_ids\": " + ids) +
+           (first ? ", \"timestamp\": 0}\n" : ", \"delay\": 0}\n");
+  };
+  struct Case {
+    std::string text;
+    std::string expect;
+  };
+  std::string many_ids = "[0";
+  for (int k = 1; k < 100000; ++k) many_ids += "," + std::to_string(k);
+  many_ids += "]";
+  const std::vector<Case> refused = {
+      {turn("s", 1300, 1, many_ids, true),
+       "line 1: \"hash_ids\" has 100000 ids but input_length 1300 needs 3 blocks of 512 tokens "
+       "(is the block size right?)"},
+      {turn("s", 1300, 1, "[1, 2]", true), "line 1: \"hash_ids\" has 2 ids but input_length 1300"},
+      {turn("s", 0, 1, "[1]", true), "line 1: \"hash_ids\" has 1 ids but input_length 0 needs 0"},
+      {turn("s", 1300, 1, "[1, 2, 3]", true) + turn("s", 700, 1, "[4, 5, 6]", false),
+       "line 2: \"hash_ids\" has 3 ids but input_length 700 needs 2 blocks of 512 tokens (a later "
+       "turn lists only its new tokens' ids)"},
+      {turn("s", 1300, 1, "[1, 2, 3]", true) + turn("s", 700, 1, many_ids, false),
+       "line 2: \"hash_ids\" has 100000 ids"},
+  };
+  for (const Case& c : refused) {
+    INFO(c.text.substr(0, 200));
+    auto trace = ParseMultiturn(c.text);
+    REQUIRE_FALSE(trace.ok());
+    CHECK_THAT(test::Message(trace.status()), Catch::Contains(c.expect));
+  }
+  // Without hash_ids every line is still accepted (blocks unique to the session).
+  REQUIRE(ParseMultiturn(turn("s", 1300, 1, "", true) + turn("s", 700, 1, "", false)).ok());
+
+  // Block-aligned context (no output): a later turn's new full blocks chain
+  // its ids, exactly as a first turn (or a Mooncake line) with all the ids.
+  auto aligned = ParseMultiturn(turn("x", 1024, 0, "[1, 2]", true) +
+                                turn("y", 2048, 0, "[1, 2, 3, 4]", true) +
+                                turn("x", 1100, 0, "[3, 4, 5]", false));
+  REQUIRE(aligned.ok());
+  const TraceTurn& x1 = aligned->turns[aligned->sessions[0].first_turn + 1];
+  const TraceTurn& y0 = aligned->turns[aligned->sessions[1].first_turn];
+  REQUIRE(x1.input_blocks == 4);
+  BlockHash chain = kChainRootHash;
+  for (uint64_t k = 0; k < 4; ++k) {
+    chain = ChainTraceId(chain, k + 1);
+    CHECK(aligned->InputChain(x1)[k] == chain);
+    CHECK(aligned->InputChain(y0)[k] == chain);
+  }
+  auto mooncake = ParseMooncake(MooncakeLine("0", "2124", "0", "[1, 2, 3, 4, 5]") + "\n");
+  REQUIRE(mooncake.ok());
+  CHECK(std::ranges::equal(mooncake->InputChain(mooncake->turns[0]), aligned->InputChain(x1)));
+
+  // Unaligned context, no output: blocks straddling two lines' blocks get an
+  // id derived from what they hold, so equal ids give equal hashes and the
+  // first differing id a different one.
+  auto straddle = ParseMultiturn(
+      turn("p", 1300, 0, "[1, 2, 3]", true) + turn("q", 1300, 0, "[1, 2, 3]", true) +
+      turn("r", 1300, 0, "[1, 2, 3]", true) + turn("p", 1300, 0, "[4, 5, 6]", false) +
+      turn("q", 1300, 0, "[4, 5, 6]", false) + turn("r", 1300, 0, "[4, 5, 9]", false));
+  REQUIRE(straddle.ok());
+  const auto second = [&](uint32_t s) {
+    return straddle->InputChain(straddle->turns[straddle->sessions[s].first_turn + 1]);
+  };
+  REQUIRE(second(0).size() == 5);
+  CHECK(std::ranges::equal(second(0), second(1)));
+  CHECK(std::ranges::equal(second(0).first(4), second(2).first(4)));
+  CHECK(second(0)[4] != second(2)[4]);  // holds the head of id 6 vs id 9
+  CHECK(second(0)[2] != ChainTraceId(second(0)[1], 3));
+  CHECK(second(0)[2] != ChainTraceId(second(0)[1], 4));
+
+  // A previous output (whose tokens no id describes) makes the blocks after
+  // it the session's own, whatever ids follow.
+  auto with_output = ParseMultiturn(turn("u", 1024, 0, "[1, 2]", true) +
+                                    turn("v", 1024, 512, "[1, 2]", true) +
+                                    turn("u", 1024, 0, "[3, 4]", false) +
+                                    turn("v", 512, 0, "[3]", false));
+  REQUIRE(with_output.ok());
+  const TraceTurn& u1 = with_output->turns[with_output->sessions[0].first_turn + 1];
+  const TraceTurn& v1 = with_output->turns[with_output->sessions[1].first_turn + 1];
+  REQUIRE(v1.input_blocks == 4);
+  CHECK(with_output->InputChain(u1)[1] == with_output->InputChain(v1)[1]);
+  CHECK(with_output->InputChain(v1)[2] ==
+        ChainTraceId(with_output->InputChain(v1)[1], SyntheticBlockId(1, 2)));
+  // v's new block follows its output block: chained with id 3, but not u's block 3.
+  CHECK(with_output->InputChain(v1)[3] == ChainTraceId(with_output->InputChain(v1)[2], 3));
+  CHECK(with_output->InputChain(u1)[2] == ChainTraceId(with_output->InputChain(u1)[1], 3));
+  CHECK(with_output->InputChain(v1)[3] != with_output->InputChain(u1)[2]);
+}
+
+// Issue 10, trace-5: a number and a string session id never name one session.
+TEST_CASE("multiturn: a number and a string session id are different sessions",
+          "[sim][trace]") {
+  auto trace = ParseMultiturn(
+      R"({"session_id": 1, "input_length": 10, "output_length": 1, "timestamp": 0})" "\n"
+      R"({"session_id": "1", "input_length": 20, "output_length": 1, "timestamp": 5})" "\n"
+      R"({"session_id": 1, "input_length": 30, "output_length": 1, "delay": 7})" "\n"
+      R"({"session_id": "1", "input_length": 40, "output_length": 1, "delay": 9})" "\n");
+  REQUIRE(trace.ok());
+  REQUIRE(trace->sessions.size() == 2);
+  CHECK(trace->sessions[0].num_turns == 2);
+  CHECK(trace->sessions[1].num_turns == 2);
+  CHECK(trace->turns[1].line == 3);
+  CHECK(trace->turns[1].reusable_tokens == 11);
+  CHECK(trace->turns[3].line == 4);
+  CHECK(trace->turns[3].reusable_tokens == 21);
+  CHECK(trace->turns[2].arrival_s == Approx(0.005));
+
+  // A string id after a number one starts its own session, which needs a timestamp.
+  auto string_after_number = ParseMultiturn(
+      R"({"session_id": 1, "input_length": 10, "output_length": 1, "timestamp": 0})" "\n"
+      R"({"session_id": "1", "input_length": 10, "output_length": 1, "delay": 0})" "\n");
+  REQUIRE_FALSE(string_after_number.ok());
+  CHECK_THAT(test::Message(string_after_number.status()),
+             Catch::Contains("line 2: the first turn of session \"1\" needs a \"timestamp\""));
+  auto number_after_string = ParseMultiturn(
+      R"({"session_id": "-3", "input_length": 10, "output_length": 1, "timestamp": 0})" "\n"
+      R"({"session_id": -3, "input_length": 10, "output_length": 1, "delay": 0})" "\n");
+  REQUIRE_FALSE(number_after_string.ok());
+  CHECK_THAT(test::Message(number_after_string.status()),
+             Catch::Contains("line 2: the first turn of session -3 needs a \"timestamp\""));
 }
 
 TEST_CASE("mooncake: the bundled conversation trace", "[sim][trace]") {

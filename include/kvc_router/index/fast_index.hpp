@@ -17,8 +17,8 @@
 // Not thread-safe by itself; RoutingState serializes writers and lets
 // readers share.
 //
-//   kvc_router::FastIndex index(/*num_workers=*/8, /*capacity_tokens=*/92104,
-//                               /*block_tokens=*/24);
+//   absl::StatusOr<kvc_router::FastIndex> index = kvc_router::FastIndex::Create(
+//       /*num_workers=*/8, /*capacity_tokens=*/92104, /*block_tokens=*/24);
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kvc_router/index/detail/block_table.hpp"
 #include "kvc_router/index/detail/session_chain.hpp"
 #include "kvc_router/types.hpp"
@@ -36,8 +38,18 @@ namespace kvc_router {
 
 class FastIndex {
  public:
+  // Checks `num_workers` (1..kMaxWorkers, what the block table encodes).
+  static absl::StatusOr<FastIndex> Create(uint32_t num_workers, uint64_t capacity_tokens,
+                                          uint32_t block_tokens) {
+    absl::Status status = index_detail::BlockTable::CheckNumWorkers(num_workers, "FastIndex");
+    if (!status.ok()) return status;
+    return FastIndex(num_workers, capacity_tokens, block_tokens);
+  }
+
   // `capacity_tokens` bounds each worker (0 = unbounded); `block_tokens`
-  // converts blocks to tokens.
+  // converts blocks to tokens. Unchecked: prefer `Create`. With more than
+  // kMaxWorkers workers the index ignores placements on workers past
+  // kMaxWorkers - 1 (RoutingState::Create never accepts such a |D| anyway).
   FastIndex(uint32_t num_workers, uint64_t capacity_tokens, uint32_t block_tokens)
       : table_(num_workers),
         workers_(num_workers),
@@ -54,7 +66,7 @@ class FastIndex {
   // Session `session` on `worker` now holds `hashes` (its chained prefix).
   // If the session alone exceeds the capacity, only its leading blocks are kept.
   void Learn(WorkerId worker, SessionId session, std::span<const BlockHash> hashes) {
-    if (worker >= workers_.size()) return;
+    if (!table_.Covers(worker)) return;
     workers_[worker].sessions.Learn(
         session, hashes, capacity_blocks_, [&](BlockHash h) { Ref(worker, h); },
         [&](BlockHash h) { Unref(worker, h); });

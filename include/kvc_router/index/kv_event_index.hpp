@@ -81,6 +81,19 @@ class KvEventIndex {
     bool learn_placements = true;
   };
 
+  // Checks `num_workers` (1..kMaxWorkers, what the block table encodes).
+  static absl::StatusOr<KvEventIndex> Create(uint32_t num_workers) {
+    return Create(num_workers, Options());
+  }
+  static absl::StatusOr<KvEventIndex> Create(uint32_t num_workers, Options options) {
+    absl::Status status = index_detail::BlockTable::CheckNumWorkers(num_workers, "KvEventIndex");
+    if (!status.ok()) return status;
+    return KvEventIndex(num_workers, options);
+  }
+
+  // Unchecked: prefer `Create`. With more than kMaxWorkers workers the index
+  // refuses batches for workers past kMaxWorkers - 1 and ignores their
+  // placements (RoutingState::Create never accepts such a |D| anyway).
   explicit KvEventIndex(uint32_t num_workers) : KvEventIndex(num_workers, Options()) {}
   KvEventIndex(uint32_t num_workers, Options options)
       : table_(num_workers), workers_(num_workers), options_(options) {}
@@ -124,7 +137,7 @@ class KvEventIndex {
   }
 
   void Learn(WorkerId worker, SessionId, std::span<const BlockHash> hashes) {
-    if (!options_.learn_placements || worker >= workers_.size()) return;
+    if (!options_.learn_placements || !table_.Covers(worker)) return;
     for (BlockHash hash : hashes) {
       if (table_.Insert(hash, worker)) ++entries_;
     }
@@ -165,6 +178,12 @@ class KvEventIndex {
       return absl::InvalidArgumentError(absl::StrCat(
           "KvEventIndex: event batch for unknown worker ", batch.worker, " (|D|=",
           workers_.size(), ")"));
+    }
+    if (!table_.Covers(batch.worker)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KvEventIndex: event batch for worker ", batch.worker, ", but the index encodes at most ",
+          index_detail::BlockTable::kMaxEncodableWorkers,
+          " workers (it was built for ", workers_.size(), "; KvEventIndex::Create refuses that)"));
     }
     const Worker& w = workers_[batch.worker];
     if (w.seen_any && batch.sequence <= w.last_sequence) {

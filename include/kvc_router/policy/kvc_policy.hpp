@@ -57,12 +57,16 @@ class KvcPolicy final : public RoutingPolicy {
  public:
   static absl::StatusOr<std::unique_ptr<KvcPolicy>> Create(std::string name,
                                                            const KvcPolicyOptions& options) {
+    // Validate before building the index, whose size follows |D|.
+    if (absl::Status status = options.router.Validate(); !status.ok()) return status;
+    absl::StatusOr<FastIndex> index =
+        FastIndex::Create(options.router.num_decode_workers, options.index_capacity_tokens,
+                          options.router.block_tokens);
+    if (!index.ok()) return index.status();
     auto policy = std::unique_ptr<KvcPolicy>(new KvcPolicy(std::move(name), options));
     const double* now = &policy->now_s_;
     auto state = RoutingState<FastIndex>::Create(
-        options.router,
-        FastIndex(options.router.num_decode_workers, options.index_capacity_tokens,
-                      options.router.block_tokens),
+        options.router, std::move(*index),
         [now] { return absl::UnixEpoch() + absl::Seconds(*now); });
     if (!state.ok()) return state.status();
     policy->state_ = std::move(*state);
@@ -85,8 +89,11 @@ class KvcPolicy final : public RoutingPolicy {
       absl::StatusOr<AdmitResult> answer = cluster.Admit(op->admit_target(), op->admit_query());
       const AdmitResult result =
           answer.ok() ? *answer : AdmitResult::Rejected(RejectReason::kWorkerUnavailable);
-      if (!result.admitted) ++placement.rejections[static_cast<int>(result.reason)];
+      // The op validates the answer first (a reason outside RejectReason is
+      // refused), so only well-formed rejections are counted.
       if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) return fed;
+      const int reason = static_cast<int>(result.reason);
+      if (!result.admitted && reason < kNumRejectReasons) ++placement.rejections[reason];
     }
     const Decision& decision = op->decision();
     placement.mode = decision.mode;

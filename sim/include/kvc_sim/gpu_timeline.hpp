@@ -50,6 +50,8 @@ class GpuTimeline {
     now_ = now;
   }
 
+  bool idle() const { return prefills_.empty() && decodes_.empty(); }
+
   // Queues a prefill of `tokens` new tokens taking `seconds` of GPU time
   // alone, in `chunks` chunks. Call AdvanceTo(now) first.
   void EnqueuePrefill(uint32_t slot, double seconds, uint32_t chunks, uint64_t tokens) {
@@ -69,27 +71,27 @@ class GpuTimeline {
 
   // Absolute time of the next prefill or decode completion; +inf if idle.
   double NextCompletion() const {
+    if (idle()) return std::numeric_limits<double>::infinity();
     const double iter = IterationSeconds();
-    if (!std::isfinite(iter)) return std::numeric_limits<double>::infinity();
     double target = std::numeric_limits<double>::infinity();
     if (!prefills_.empty()) target = prefills_.front().done_at;
     if (!decodes_.empty()) target = std::min(target, decodes_.front().done_at);
     // Within the slack the completion is due now: waking a hair later could
     // round to the same instant and never advance.
-    if (target - iterations_ <= kSlack) return now_;
+    if (target - iterations_ <= kSlack || iter == 0) return now_;
     return now_ + (target - iterations_) * iter;
   }
 
   // Removes what is complete at the current time; appends the slots of
   // finished prefills and decodes. Call AdvanceTo(now) first.
   void TakeDue(std::vector<uint32_t>& prefills_done, std::vector<uint32_t>& decodes_done) {
-    while (!prefills_.empty() && prefills_.front().done_at <= iterations_ + kSlack) {
+    while (!prefills_.empty() && Due(prefills_.front().done_at)) {
       pending_prefill_tokens_ -= prefills_.front().tokens;
       prefills_done.push_back(prefills_.front().slot);
       prefills_.pop_front();
       if (!prefills_.empty()) prefills_.front().done_at = iterations_ + prefills_.front().chunks;
     }
-    while (!decodes_.empty() && decodes_.front().done_at <= iterations_ + kSlack) {
+    while (!decodes_.empty() && Due(decodes_.front().done_at)) {
       std::pop_heap(decodes_.begin(), decodes_.end(), Later);
       batch_context_tokens_ -= decodes_.back().context;
       decodes_done.push_back(decodes_.back().slot);
@@ -97,12 +99,14 @@ class GpuTimeline {
     }
   }
 
-  // Seconds one iteration takes now; +inf when the GPU is idle.
+  // Seconds one iteration takes now (0 is possible with zero cost
+  // constants); +inf when the GPU is idle.
   double IterationSeconds() const {
+    if (idle()) return std::numeric_limits<double>::infinity();
     double iter = 0;
     if (!decodes_.empty()) iter += cost_->DecodeStepSeconds(decodes_.size(), batch_context_tokens_);
     if (!prefills_.empty()) iter += prefills_.front().chunk_s;
-    return iter > 0 ? iter : std::numeric_limits<double>::infinity();
+    return iter;
   }
 
   uint64_t decode_batch() const { return decodes_.size(); }
@@ -113,6 +117,14 @@ class GpuTimeline {
  private:
   // Iterations within which a completion counts as reached (rounding).
   static constexpr double kSlack = 1e-6;
+
+  // Reached now: within the slack, at zero-time iterations, or so close that
+  // its time rounds to the current instant.
+  bool Due(double target) const {
+    if (target <= iterations_ + kSlack) return true;
+    const double iter = IterationSeconds();
+    return iter == 0 || now_ + (target - iterations_) * iter <= now_;
+  }
 
   struct Prefill {
     uint32_t slot;

@@ -66,10 +66,11 @@ class PageCache {
         host_(host) {}
 
   // What `chain` finds cached. `context_tokens`: how many leading tokens of
-  // the request are a context an earlier request kept (its session's
-  // previous prompt and output); the tail after its last full block is
-  // reused when every full block before it is on the GPU.
-  Match Lookup(std::span<const BlockHash> chain, uint64_t context_tokens = 0) const {
+  // the request are a context that `owner` (its session) kept earlier; the
+  // tail after that context's last full block is reused when every full
+  // block before it is on the GPU and the same owner left it.
+  Match Lookup(std::span<const BlockHash> chain, uint64_t context_tokens = 0,
+               uint64_t owner = 0) const {
     Match m;
     if (!enabled_) return m;
     while (m.gpu_blocks < chain.size() && pages_.contains(chain[m.gpu_blocks])) ++m.gpu_blocks;
@@ -82,7 +83,9 @@ class PageCache {
       const uint64_t wanted = context_tokens - context_blocks * block_tokens_;
       // The kept tail is a prefix of what the request continues with (the
       // same context, perhaps before its output was added).
-      if (it != tails_.end()) m.tail_tokens = static_cast<uint32_t>(std::min<uint64_t>(it->second, wanted));
+      if (it != tails_.end() && it->second.owner == owner && m.host_blocks == 0) {
+        m.tail_tokens = static_cast<uint32_t>(std::min<uint64_t>(it->second.tokens, wanted));
+      }
     }
     return m;
   }
@@ -96,14 +99,20 @@ class PageCache {
     const uint64_t pinned_tokens = uint64_t{match.gpu_blocks} * block_tokens_;
     const uint64_t reserve = footprint_tokens - std::min(footprint_tokens, pinned_tokens);
     if (footprint_tokens > capacity_tokens_) return false;
-    // Pin first so eviction cannot take the pages this request reuses.
     const std::span<const BlockHash> pinned = chain.first(match.gpu_blocks);
+    // Decide before touching anything: the reused pages become unevictable.
+    uint64_t newly_pinned = 0;
+    for (BlockHash h : pinned) {
+      auto it = pages_.find(h);
+      if (it != pages_.end() && it->second.pins == 0) newly_pinned += block_tokens_;
+    }
+    const uint64_t evictable = cached_tokens_ - pinned_pages_ * block_tokens_ - newly_pinned;
+    if (used_tokens() - evictable + reserve > capacity_tokens_) return false;
+    // Pin first so eviction cannot take the pages this request reuses.
     ++clock_;
     for (BlockHash h : pinned) Pin(h, clock_);
-    if (!MakeRoom(reserve)) {
-      for (BlockHash h : pinned) Unpin(h);
-      return false;
-    }
+    const bool room = MakeRoom(reserve);
+    (void)room;  // guaranteed by the check above
     reserved_tokens_ += reserve;
     lease.pinned = pinned;
     lease.reserved_tokens = reserve;
@@ -116,7 +125,8 @@ class PageCache {
   // shareable, as a radix cache inserts a request's prompt once computed.
   // They stay pinned until Release; their tokens move from the reservation
   // to the cache.
-  void Publish(Lease& lease, std::span<const BlockHash> chain, uint64_t tokens) {
+  void Publish(Lease& lease, std::span<const BlockHash> chain, uint64_t tokens,
+               uint64_t owner = 0) {
     if (!enabled_ || !lease.active || chain.size() < lease.pinned.size()) return;
     ++clock_;
     for (size_t i = lease.pinned.size(); i < chain.size(); ++i) {
@@ -132,14 +142,15 @@ class PageCache {
       if (it->second.pins++ == 0) ++pinned_pages_;
     }
     lease.pinned = chain;
-    RememberTail(chain, tokens);
+    RememberTail(chain, tokens, owner);
   }
 
   // Ends a request: its reservation is returned, its pins dropped, and the
   // pages of `keep` (its context of `keep_tokens` tokens; empty for a request
   // whose KV is dropped) are cached, leading pages first, as far as room
   // allows.
-  void Release(Lease& lease, std::span<const BlockHash> keep, uint64_t keep_tokens = 0) {
+  void Release(Lease& lease, std::span<const BlockHash> keep, uint64_t keep_tokens = 0,
+               uint64_t owner = 0) {
     if (!lease.active) return;
     reserved_tokens_ -= lease.reserved_tokens;
     ++clock_;
@@ -159,7 +170,7 @@ class PageCache {
         if (it->second.pins++ == 0) ++pinned_pages_;
       }
     }
-    if (kept > 0 && kept == keep.size()) RememberTail(keep, keep_tokens);
+    if (kept > 0 && kept == keep.size()) RememberTail(keep, keep_tokens, owner);
     for (BlockHash h : lease.pinned) Unpin(h);
     for (size_t i = 0; i < kept; ++i) Unpin(keep[i]);
     lease = Lease{};
@@ -192,12 +203,14 @@ class PageCache {
     return a.depth < b.depth;
   }
 
-  void RememberTail(std::span<const BlockHash> chain, uint64_t tokens) {
+  void RememberTail(std::span<const BlockHash> chain, uint64_t tokens, uint64_t owner) {
     if (chain.empty()) return;
     const uint64_t tail = tokens - std::min<uint64_t>(tokens, chain.size() * block_tokens_);
     if (tail > 0 && tail < block_tokens_) {
-      uint32_t& t = tails_[chain.back()];
-      t = std::max(t, static_cast<uint32_t>(tail));
+      Tail& t = tails_[chain.back()];
+      // Another owner's tokens after the same page are other tokens.
+      if (t.owner != owner) t = Tail{0, owner};
+      t.tokens = std::max(t.tokens, static_cast<uint32_t>(tail));
     }
   }
 
@@ -294,8 +307,13 @@ class PageCache {
   bool enabled_;
   HostTierConfig host_;
   absl::flat_hash_map<BlockHash, Page> pages_;
-  // Page -> tokens kept after it by a context that ended inside the next page.
-  absl::flat_hash_map<BlockHash, uint32_t> tails_;
+  // Page -> tokens kept after it by a context that ended inside the next
+  // page, and whose context that was.
+  struct Tail {
+    uint32_t tokens = 0;
+    uint64_t owner = 0;
+  };
+  absl::flat_hash_map<BlockHash, Tail> tails_;
   std::vector<LruEntry> lru_;
   uint64_t clock_ = 0;
   uint64_t cached_tokens_ = 0;

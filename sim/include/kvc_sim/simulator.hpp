@@ -84,7 +84,8 @@ struct EngineModel {
   bool delta_transfer = true;
 };
 
-// One request's outcome, for observers (tests, custom reports).
+// One request's outcome, for observers (tests, custom reports). Times are
+// seconds since the trace's first arrival.
 struct RequestRecord {
   uint32_t turn = 0;     // index into Trace::turns
   uint32_t session = 0;  // index into Trace::sessions
@@ -204,12 +205,12 @@ class Simulator final : public policy::ClusterView {
           t.input_tokens, " (is its block size the trace's ", trace_.block_tokens, "?)"));
       return failure_;
     }
-    const uint64_t cached = inst.CachedTokens(query.session, t.segment, t.reusable_tokens,
-                                              f.request.input_hashes, t.input_tokens);
     const AdmitResult result = inst.AdmitEvicting(query, EvictionSink(instance));
     if (result.admitted) {
+      // What is cached once admission made its room (it may have evicted).
+      f.instance_hit = inst.CachedTokens(query.session, t.segment, t.reusable_tokens,
+                                         f.request.input_hashes, t.input_tokens);
       inst.HoldChain(query.session, t.segment, f.request.input_hashes);
-      f.instance_hit = cached;
       f.admitted_on = instance;
       NotePeak(inst);
     }
@@ -312,9 +313,17 @@ class Simulator final : public policy::ClusterView {
       if (x.arrival_s != y.arrival_s) return x.arrival_s < y.arrival_s;
       return x.line < y.line;
     });
+    // Simulated time runs from the first arrival: traces with epoch
+    // timestamps keep the full precision of a double for the replay itself.
     result_.first_arrival_s = order.empty() ? 0 : first_turn(order.front()).arrival_s;
-    last_change_s_ = result_.first_arrival_s;
+    const double origin = result_.first_arrival_s;
+    last_change_s_ = 0;
     if (config_.loop == LoopMode::kOpen) {
+      // A session is active from its first arrival to its last finish; its
+      // start is handled before any arrival at the same instant.
+      for (uint32_t s : order) {
+        queue_.Push(first_turn(s).arrival_s - origin, EventPayload{EventType::kSessionStart, s, 1});
+      }
       std::vector<uint32_t> all(trace_.turns.size());
       for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
       std::stable_sort(all.begin(), all.end(), [&](uint32_t a, uint32_t b) {
@@ -324,22 +333,17 @@ class Simulator final : public policy::ClusterView {
         return x.line < y.line;
       });
       for (uint32_t turn : all) {
-        queue_.Push(trace_.turns[turn].arrival_s, EventPayload{EventType::kArrival, turn, 0});
-      }
-      // A session is active from its first arrival to its last finish.
-      for (uint32_t s : order) {
-        queue_.Push(first_turn(s).arrival_s, EventPayload{EventType::kSessionStart, s, 1});
+        queue_.Push(trace_.turns[turn].arrival_s - origin, EventPayload{EventType::kArrival, turn, 0});
       }
     } else if (config_.concurrency == 0) {
       for (uint32_t s : order) {
-        queue_.Push(first_turn(s).arrival_s, EventPayload{EventType::kSessionStart, s, 0});
+        queue_.Push(first_turn(s).arrival_s - origin, EventPayload{EventType::kSessionStart, s, 0});
       }
     } else {
       waiting_sessions_ = std::move(order);
       const size_t start = std::min<size_t>(config_.concurrency, waiting_sessions_.size());
       for (; next_session_ < start; ++next_session_) {
-        queue_.Push(result_.first_arrival_s,
-                    EventPayload{EventType::kSessionStart, waiting_sessions_[next_session_], 0});
+        queue_.Push(0, EventPayload{EventType::kSessionStart, waiting_sessions_[next_session_], 0});
       }
     }
 
@@ -381,8 +385,8 @@ class Simulator final : public policy::ClusterView {
             static_cast<int>(finished_[i]), " times (a request waited for memory forever?)"));
       }
     }
-    const double last_finish = std::max(result_.first_arrival_s, last_end_s_);
-    result_.makespan_s = last_finish - result_.first_arrival_s;
+    const double last_finish = last_end_s_;
+    result_.makespan_s = last_finish;
     AccumulateAreas(last_finish);
     if (result_.makespan_s > 0) {
       result_.in_flight_mean = in_flight_area_ / result_.makespan_s;
@@ -451,6 +455,11 @@ class Simulator final : public policy::ClusterView {
 
     SimInstance& inst = instances_[placement->instance];
     ++inst.running_requests;
+    f.transient = placement->booking == policy::Booking::kTransient;
+    if (placement->booking != policy::Booking::kAdmitted && Oversize(f)) {
+      Refuse(slot);
+      return;
+    }
     if (placement->booking != policy::Booking::kTransient) {
       WorkerId& last = last_instance_[t.session];
       if (last != kNoWorker && last != placement->instance) ++result_.migrations;
@@ -463,12 +472,8 @@ class Simulator final : public policy::ClusterView {
       BeginWhenReady(slot);
       return;
     }
-    f.transient = placement->booking == policy::Booking::kTransient;
-    if (Oversize(f)) {
-      Refuse(slot);
-      return;
-    }
-    if (TryBook(f, placement->instance)) {
+    // First come, first booked: nobody passes a request waiting for memory.
+    if (inst.waiting.empty() && TryBook(f, placement->instance)) {
       BeginWhenReady(slot);
     } else {
       inst.waiting.push_back(slot);
@@ -490,7 +495,8 @@ class Simulator final : public policy::ClusterView {
     const TraceTurn& t = trace_.turns[f.turn];
     if (f.placement.prefill != kNoWorker) {
       SimPrefillWorker& p = prefills_[f.placement.prefill];
-      const PageCache::Match match = p.pages.Lookup(f.request.input_hashes, t.reusable_tokens);
+      const PageCache::Match match =
+          p.pages.Lookup(f.request.input_hashes, t.reusable_tokens, Owner(t));
       const uint64_t hit = std::min<uint64_t>(
           t.input_tokens, uint64_t{match.gpu_blocks} * trace_.block_tokens + match.tail_tokens);
       const uint64_t host = std::min<uint64_t>(t.input_tokens - hit,
@@ -531,7 +537,7 @@ class Simulator final : public policy::ClusterView {
     SimPrefillWorker& p = prefills_[f.placement.prefill];
     p.pending_prefill_tokens -= f.prefill_compute;
     --p.running_requests;
-    p.pages.Release(f.prefill_lease, f.request.input_hashes, t.input_tokens);
+    p.pages.Release(f.prefill_lease, f.request.input_hashes, t.input_tokens, Owner(t));
     SimInstance& inst = instances_[f.placement.instance];
     const uint64_t held = engine_.delta_transfer ? std::min(f.instance_hit, t.input_tokens) : 0;
     const uint64_t tokens = t.input_tokens - held;
@@ -558,7 +564,7 @@ class Simulator final : public policy::ClusterView {
     SimInstance& inst = instances_[f.placement.instance];
     // The prompt's KV is now on the instance: later requests may share it.
     if (!inst.admission_pool() && !f.transient) {
-      inst.pages.Publish(f.lease, f.request.input_hashes, t.input_tokens);
+      inst.pages.Publish(f.lease, f.request.input_hashes, t.input_tokens, Owner(t));
     }
     f.decode_context = t.input_tokens + t.output_tokens / 2;
     inst.gpu.AdvanceTo(now_);
@@ -599,7 +605,8 @@ class Simulator final : public policy::ClusterView {
       if (f.transient) {
         inst.pages.Release(f.lease, {});
       } else {
-        inst.pages.Release(f.lease, f.request.context_hashes, t.input_tokens + t.output_tokens);
+        inst.pages.Release(f.lease, f.request.context_hashes, t.input_tokens + t.output_tokens,
+                           Owner(t));
       }
     }
     NotePeak(inst);
@@ -717,7 +724,8 @@ class Simulator final : public policy::ClusterView {
       NotePeak(inst);
       return true;
     }
-    const PageCache::Match match = inst.pages.Lookup(f.request.input_hashes, t.reusable_tokens);
+    const PageCache::Match match =
+        inst.pages.Lookup(f.request.input_hashes, t.reusable_tokens, Owner(t));
     if (!inst.pages.Reserve(f.lease, f.request.input_hashes, match, Footprint(f))) return false;
     const uint64_t gpu_hit = std::min<uint64_t>(
         t.input_tokens, uint64_t{match.gpu_blocks} * trace_.block_tokens + match.tail_tokens);
@@ -728,13 +736,13 @@ class Simulator final : public policy::ClusterView {
     // decides what need not be sent.
     f.instance_hit = f.placement.prefill != kNoWorker ? gpu_hit : gpu_hit + host_hit;
     f.instance_host_hit = f.placement.prefill != kNoWorker ? 0 : host_hit;
-    if (!f.transient) {
-      f.placement.mode = Classify(t, (uint64_t{match.gpu_blocks} + match.host_blocks) *
-                                         trace_.block_tokens + match.tail_tokens);
-    }
+    if (!f.transient) f.placement.mode = Classify(t, f.instance_hit);
     NotePeak(inst);
     return true;
   }
+
+  // Who left a context in a page cache: tails are only reused by their session.
+  static uint64_t Owner(const TraceTurn& t) { return uint64_t{t.session} + 1; }
 
   // The one meaning of the modes: Direct when the serving instance held all
   // of the session's previous context (`held` tokens of this request's

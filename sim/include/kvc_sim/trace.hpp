@@ -14,21 +14,45 @@
 //
 // Formats (see data/traces/ and docs/simulator.md):
 //  * Mooncake: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`
-//    (one id per block of `block_tokens`, prefix-identifying). There are no
-//    session ids; sessions are rebuilt by longest shared prefix: a request
-//    whose ids start with all of an earlier request's ids (or all but its
-//    partial last block) continues it, unless the shared prefix is a "hub"
-//    that already branches into `hub_fanout` or more different next blocks
-//    (a shared system prompt). A request continues at most one earlier one,
-//    and each request has at most one continuation.
-//  * Multi-turn: `session_id`; a session's first line has `timestamp` (ms)
-//    and its whole prompt; later lines have `delay` (ms after the previous
-//    turn finished) and only their NEW tokens. A later prompt is the previous
-//    prompt + the previous output + the new tokens.
+//    (one id per block of `block_tokens`, prefix-identifying; exactly
+//    ceil(input_length / block_tokens) of them). There are no session ids;
+//    sessions are rebuilt by longest shared prefix: a request whose ids start
+//    with ALL of an earlier request's ids (or all but its partial last block)
+//    continues it (prefixes are compared whole, never by one id that happens
+//    to sit at the right index), unless the shared prefix is a "hub" that
+//    already branches into `hub_fanout` or more different next blocks (a
+//    shared system prompt). A request continues at most one earlier one, and
+//    each request has at most one continuation.
+//  * Multi-turn: `session_id`, a string or an integer (7 and "7" are
+//    different sessions; both are named "7"); a session's first line has
+//    `timestamp` (ms) and its whole prompt; later lines have `delay` (ms after
+//    the previous turn finished) and only their NEW tokens. A later line may
+//    give a `timestamp` instead of a `delay`: its delay is then the time since
+//    the previous turn's arrival, and a timestamp before that arrival is an
+//    error. A later prompt is the previous prompt + the previous output + the
+//    new tokens.
+//    `hash_ids` (optional) describe a line's `input_length` tokens, one id per
+//    block of `block_tokens` counted from the first of those tokens, so there
+//    are exactly ceil(input_length / block_tokens) of them: on a first turn
+//    the prompt's blocks (as in Mooncake), on a later turn the new tokens'
+//    blocks. A prompt block that is exactly one of a line's full blocks is
+//    chained with that block's id (so when the context before a later turn
+//    ends on a block boundary, its new full blocks chain the given ids, as
+//    one line with all the ids would); a block made of pieces of several
+//    lines' blocks (the context did not end on a boundary) gets an id
+//    derived from those pieces (MixedBlockId); a block holding any token no
+//    id describes (an output, or a line without `hash_ids`) gets an id unique
+//    to the session (SyntheticBlockId), which makes the hash of every later
+//    block of the session its own too. A line's last, partial block has no
+//    hash of its own: its id only enters the block it is completed into.
+//  Times: a `timestamp` or `delay` is at most kMaxTraceTimeMs (1e12 ms, about
+//  31.7 years), and so is the arrival a session's delays add up to.
 // Each line is one JSON object, parsed with nlohmann-json. Unknown fields are
-// ignored, whatever their type; a repeated key or nesting deeper than
-// kMaxJsonDepth is refused. A malformed line is an error naming the line (and
-// for invalid JSON the column), and the loader returns no trace at all then.
+// ignored, whatever their type (parsed and checked, not stored); a repeated
+// key (found through a hash set, so many keys cost linear time) or nesting
+// deeper than kMaxJsonDepth is refused. A malformed line is an error naming
+// the line (and for invalid JSON the column, for a bad value the field), and
+// the loader returns no trace at all then.
 // Nothing throws out of the loaders.
 //
 // Trace ids become router block hashes by chaining: hash_i =
@@ -40,6 +64,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
@@ -52,6 +77,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -82,6 +108,11 @@ inline constexpr uint64_t kMaxSessionContextTokens = uint64_t{1} << 26;
 // nests; the bound keeps a hostile line from making the loader build an
 // arbitrarily deep value.
 inline constexpr size_t kMaxJsonDepth = 32;
+// Largest timestamp or delay, and latest arrival a multi-turn session's
+// delays may add up to, in milliseconds (1e12 ms, about 31.7 years): keeps
+// the nominal clock finite and precise to far below a millisecond. Checked
+// as each line's sum accumulates, so no sum of delays overflows.
+inline constexpr double kMaxTraceTimeMs = 1e12;
 
 // Chains one trace block id onto `parent`.
 inline BlockHash ChainTraceId(BlockHash parent, uint64_t id) {
@@ -204,7 +235,8 @@ struct Trace {
             uint64_t{t.prefix_blocks} * block_tokens > t.reusable_tokens ||
             t.reusable_tokens > t.input_tokens ||
             t.hash_begin + t.input_blocks + t.output_blocks > hashes.size() ||
-            (k == 0 && t.reusable_tokens != 0) || !(t.delay_s >= 0) || !(t.arrival_s >= 0)) {
+            (k == 0 && t.reusable_tokens != 0) || !(t.delay_s >= 0) || !(t.arrival_s >= 0) ||
+            !std::isfinite(t.delay_s) || !std::isfinite(t.arrival_s)) {
           return absl::InternalError(absl::StrCat("trace: turn ", k, " of session ", s,
                                                   " (line ", t.line, ") is inconsistent"));
         }
@@ -256,8 +288,16 @@ inline std::string JsonErrorReason(const nlohmann::json::exception& e) {
 // must not contain: a key repeated in the line's object (nlohmann-json keeps
 // the last one; the line says two things about one field) and nesting deeper
 // than kMaxJsonDepth.
+// Only the members named in `fields` are kept in the built value; the others
+// are parsed and checked just the same (syntax, depth, repeated keys) but not
+// stored, so a line full of unknown fields costs no memory beyond its keys.
+// The line's keys go into a hash set, so checking for repeats costs O(1) per
+// key whatever the object container (a line with 40,000 distinct keys loads
+// in milliseconds).
 class JsonLineBuilder final : public nlohmann::json_sax<nlohmann::json> {
  public:
+  explicit JsonLineBuilder(std::span<const std::string_view> fields) : fields_(fields) {}
+
   bool null() override { return Add(nullptr); }
   bool boolean(bool value) override { return Add(value); }
   bool number_integer(number_integer_t value) override { return Add(value); }
@@ -267,13 +307,18 @@ class JsonLineBuilder final : public nlohmann::json_sax<nlohmann::json> {
   bool binary(binary_t& value) override { return Add(nlohmann::json::binary(std::move(value))); }
   bool start_object(std::size_t /*elements*/) override { return Open(nlohmann::json::object()); }
   bool key(string_t& name) override {
-    // Only the line's own object: nested values are never read, so their
-    // keys cannot make the line ambiguous.
-    if (open_.size() == 1 && open_.back()->contains(name)) {
-      error_ = absl::StrCat("duplicate key \"", name, "\"");
-      return false;
+    // Only the line's own object (depth 1 is always it: arrays have no
+    // keys): nested values are never read, so their keys cannot make the
+    // line ambiguous.
+    if (depth_ == 1) {
+      if (!keys_.insert(name).second) {
+        error_ = absl::StrCat("duplicate key \"", name, "\"");
+        return false;
+      }
+      skipping_ =
+          std::find(fields_.begin(), fields_.end(), std::string_view(name)) == fields_.end();
     }
-    key_ = std::move(name);
+    if (!skipping_) key_ = std::move(name);
     return true;
   }
   bool end_object() override { return Close(); }
@@ -291,12 +336,14 @@ class JsonLineBuilder final : public nlohmann::json_sax<nlohmann::json> {
 
  private:
   // Puts `value` into the innermost open container (or makes it the root)
-  // and returns where it now lives, or nullptr when it nests too deep.
+  // and returns where it now lives; nullptr when it nests too deep, and
+  // also (with no error) when it belongs to a member that is not kept.
   nlohmann::json* Place(nlohmann::json&& value) {
-    if (open_.size() > kMaxJsonDepth) {
+    if (depth_ > kMaxJsonDepth) {
       error_ = absl::StrCat("nesting deeper than ", kMaxJsonDepth, " levels");
       return nullptr;
     }
+    if (skipping_) return nullptr;
     if (open_.empty()) {
       root_ = std::move(value);
       return &root_;
@@ -308,29 +355,39 @@ class JsonLineBuilder final : public nlohmann::json_sax<nlohmann::json> {
     }
     return &(parent[key_] = std::move(value));
   }
-  bool Add(nlohmann::json&& value) { return Place(std::move(value)) != nullptr; }
+  bool Add(nlohmann::json&& value) { return Place(std::move(value)) != nullptr || error_.empty(); }
   bool Open(nlohmann::json&& container) {
     nlohmann::json* placed = Place(std::move(container));
-    if (placed == nullptr) return false;
-    open_.push_back(placed);
+    if (placed == nullptr && !error_.empty()) return false;
+    if (placed != nullptr) open_.push_back(placed);
+    ++depth_;
     return true;
   }
   bool Close() {
-    open_.pop_back();
+    // Kept containers are the outermost ones (a skipped member skips all
+    // it holds), so the one closing is kept exactly when all open ones are.
+    if (open_.size() == depth_) open_.pop_back();
+    --depth_;
     return true;
   }
 
+  std::span<const std::string_view> fields_;
   nlohmann::json root_;
-  // Containers still being filled, outermost first. Nothing is added to a
-  // container while a child of it is open, so these pointers stay valid.
+  // Kept containers still being filled, outermost first. Nothing is added to
+  // a container while a child of it is open, so these pointers stay valid.
   std::vector<nlohmann::json*> open_;
+  size_t depth_ = 0;        // containers open, kept or not
+  bool skipping_ = false;   // inside a member of the line's object that is not kept
+  absl::flat_hash_set<std::string> keys_;  // the line's own keys so far
   std::string key_;  // the key whose value comes next, when open_.back() is an object
   std::string error_;
 };
 
-// Parses one trace line into a JSON object; errors name the line.
-inline absl::StatusOr<nlohmann::json> ParseLine(uint64_t line, std::string_view text) {
-  JsonLineBuilder builder;
+// Parses one trace line into a JSON object holding the members named in
+// `fields` (the others are checked and dropped); errors name the line.
+inline absl::StatusOr<nlohmann::json> ParseLine(uint64_t line, std::string_view text,
+                                                std::span<const std::string_view> fields) {
+  JsonLineBuilder builder(fields);
   if (!nlohmann::json::sax_parse(text, &builder)) {
     return LineError(line, builder.error().empty() ? "invalid JSON" : builder.error());
   }
@@ -377,14 +434,19 @@ inline absl::StatusOr<uint64_t> FieldUint(const nlohmann::json& json, std::strin
   return result;
 }
 
-// A non-negative finite number, scaled (milliseconds -> seconds).
-inline absl::StatusOr<double> FieldSeconds(const nlohmann::json& value, std::string_view key,
-                                           uint64_t line, double scale) {
+// A time in milliseconds: a number from 0 to kMaxTraceTimeMs.
+inline absl::StatusOr<double> FieldMs(const nlohmann::json& value, std::string_view key,
+                                      uint64_t line) {
   if (!value.is_number() || !(value.get<double>() >= 0)) {
     return LineError(line, absl::StrCat("field \"", std::string(key),
                                         "\" must be a non-negative number"));
   }
-  return value.get<double>() * scale;
+  const double ms = value.get<double>();
+  if (!(ms <= kMaxTraceTimeMs)) {
+    return LineError(line, absl::StrCat("field \"", std::string(key), "\" is ", ms,
+                                        " ms, above the limit of ", kMaxTraceTimeMs, " ms"));
+  }
+  return ms;
 }
 
 // The ids of an array of non-negative integers; empty when the field is
@@ -420,6 +482,31 @@ inline absl::StatusOr<std::vector<int64_t>> FieldIds(const nlohmann::json& json,
   return ids;
 }
 
+// Part of a block of a multi-turn session: `tokens` tokens from `begin` in
+// the block a line's hash id `id` describes.
+struct BlockPiece {
+  uint64_t id;
+  uint64_t begin;
+  uint64_t tokens;
+};
+
+// The id of a block made of several described pieces: a function of the
+// pieces only (the chain adds the prefix), with the top bit set, so it is
+// never a trace id.
+inline uint64_t MixedBlockId(std::span<const BlockPiece> pieces) {
+  const auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  uint64_t z = 0x6d69786564626c6bULL;
+  for (const BlockPiece& piece : pieces) {
+    z = mix(z ^ piece.id);
+    z = mix(z ^ (piece.begin << 32) ^ piece.tokens);
+  }
+  return z | (uint64_t{1} << 63);
+}
+
 // Reads non-blank lines, calling `fn(line_number, text)`; stops at the first error.
 template <class Fn>
 absl::Status ForEachLine(std::istream& in, Fn&& fn) {
@@ -452,13 +539,16 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
   };
   std::vector<Raw> raws;
   std::vector<int64_t> ids;
+  static constexpr std::string_view kFields[] = {"timestamp", "input_length", "output_length",
+                                                 "hash_ids"};
   absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
-    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text);
+    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text, kFields);
     if (!json.ok()) return json.status();
     const nlohmann::json* ts = detail::Find(*json, "timestamp");
     if (ts == nullptr) return detail::LineError(line, "missing field \"timestamp\"");
-    absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
-    if (!arrival.ok()) return arrival.status();
+    absl::StatusOr<double> timestamp_ms = detail::FieldMs(*ts, "timestamp", line);
+    if (!timestamp_ms.ok()) return timestamp_ms.status();
+    const double arrival = *timestamp_ms * 1e-3;
     absl::StatusOr<uint64_t> input = detail::FieldUint(*json, "input_length", line, kMaxTurnTokens);
     if (!input.ok()) return input.status();
     absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
@@ -473,11 +563,11 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
                              *input, " needs ", expected, " blocks of ", block,
                              " tokens (is the block size right?)"));
     }
-    if (!raws.empty() && *arrival < raws.back().arrival_s) {
+    if (!raws.empty() && arrival < raws.back().arrival_s) {
       return detail::LineError(line, "timestamps must not decrease");
     }
     if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
-    raws.push_back(Raw{static_cast<uint32_t>(line), *arrival, *input, *output, ids.size(),
+    raws.push_back(Raw{static_cast<uint32_t>(line), arrival, *input, *output, ids.size(),
                        static_cast<uint32_t>(hash_ids->size())});
     ids.insert(ids.end(), hash_ids->begin(), hash_ids->end());
     return absl::OkStatus();
@@ -485,29 +575,42 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
   if (!read.ok()) return read;
   if (raws.empty()) return absl::InvalidArgumentError("mooncake trace: no requests");
 
-  // Rebuild sessions. `ends_with[id]`: the latest request whose last id is
-  // `id`; `ends_before_partial[id]`: the latest one whose last block is
-  // partial and whose second-to-last id is `id`.
-  absl::flat_hash_map<int64_t, uint32_t> ends_with, ends_before_partial;
-  // Distinct next ids seen after each id, up to hub_fanout of them.
-  absl::flat_hash_map<int64_t, std::vector<int64_t>> children;
+  // Rebuild sessions. Prefixes are keyed by the chained hash of all their
+  // ids, so a match at position i is a match of ids 0..i (checked id by id
+  // too, against hash collisions), never of one id that happens to sit at
+  // the right index. `ends_with[h]`: the latest request whose ids are the
+  // prefix hashed h; `ends_before_partial[h]`: the latest one whose last
+  // block is partial and whose ids but the last are that prefix.
+  absl::flat_hash_map<BlockHash, uint32_t> ends_with, ends_before_partial;
+  // Distinct next ids seen after each prefix, up to hub_fanout of them.
+  absl::flat_hash_map<BlockHash, std::vector<int64_t>> children;
   std::vector<uint32_t> predecessor(raws.size(), UINT32_MAX);
   std::vector<uint32_t> matched_blocks(raws.size(), 0);
   std::vector<bool> has_successor(raws.size(), false);
+  std::vector<BlockHash> prefix;  // prefix[i]: hash of the current request's ids 0..i
   const size_t fanout = std::max<uint32_t>(options.hub_fanout, 1);
   for (uint32_t r = 0; r < raws.size(); ++r) {
     const Raw& raw = raws[r];
     const int64_t* x = ids.data() + raw.id_begin;
+    prefix.clear();
+    for (uint32_t j = 0; j < raw.num_ids; ++j) {
+      prefix.push_back(ChainTraceId(j == 0 ? kChainRootHash : prefix.back(),
+                                    static_cast<uint64_t>(x[j])));
+    }
+    // Whether request `c` has exactly `num_ids` ids and its first i + 1 are x's.
+    const auto shares = [&](uint32_t c, uint32_t num_ids, size_t i) {
+      return raws[c].num_ids == num_ids && std::equal(x, x + i + 1, ids.data() + raws[c].id_begin);
+    };
     for (int64_t i = static_cast<int64_t>(raw.num_ids) - 1; i >= 0; --i) {
-      auto kids = children.find(x[i]);
+      const BlockHash h = prefix[static_cast<size_t>(i)];
+      auto kids = children.find(h);
       if (kids != children.end() && kids->second.size() >= fanout) break;  // a hub
+      const auto n = static_cast<uint32_t>(i);
       uint32_t candidate = UINT32_MAX;
-      if (auto it = ends_with.find(x[i]); it != ends_with.end() &&
-                                          raws[it->second].num_ids == static_cast<uint32_t>(i + 1)) {
+      if (auto it = ends_with.find(h); it != ends_with.end() && shares(it->second, n + 1, n)) {
         candidate = it->second;
-      } else if (auto jt = ends_before_partial.find(x[i]);
-                 jt != ends_before_partial.end() &&
-                 raws[jt->second].num_ids == static_cast<uint32_t>(i + 2)) {
+      } else if (auto jt = ends_before_partial.find(h);
+                 jt != ends_before_partial.end() && shares(jt->second, n + 2, n)) {
         candidate = jt->second;
       }
       if (candidate == UINT32_MAX) continue;
@@ -515,20 +618,22 @@ inline absl::StatusOr<Trace> ParseMooncakeTrace(std::istream& in, const TraceOpt
         predecessor[r] = candidate;
         has_successor[candidate] = true;
         // Reusable blocks: the shared ids that were full blocks of the predecessor.
-        matched_blocks[r] = std::min<uint32_t>(static_cast<uint32_t>(i + 1),
-                                               static_cast<uint32_t>(raws[candidate].input / block));
+        matched_blocks[r] =
+            std::min<uint32_t>(n + 1, static_cast<uint32_t>(raws[candidate].input / block));
       }
       break;
     }
     for (uint32_t j = 0; j + 1 < raw.num_ids; ++j) {
-      std::vector<int64_t>& next = children[x[j]];
+      std::vector<int64_t>& next = children[prefix[j]];
       if (next.size() < fanout && std::find(next.begin(), next.end(), x[j + 1]) == next.end()) {
         next.push_back(x[j + 1]);
       }
     }
     if (raw.num_ids > 0) {
-      ends_with[x[raw.num_ids - 1]] = r;
-      if (raw.input % block != 0 && raw.num_ids >= 2) ends_before_partial[x[raw.num_ids - 2]] = r;
+      ends_with[prefix[raw.num_ids - 1]] = r;
+      if (raw.input % block != 0 && raw.num_ids >= 2) {
+        ends_before_partial[prefix[raw.num_ids - 2]] = r;
+      }
     }
   }
 
@@ -597,28 +702,64 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
   }
   const uint64_t block = options.block_tokens;
   struct Building {
-    std::string name;
+    std::string name;   // the id as written
+    std::string label;  // for messages: "7" for a string id, 7 for a number
     std::vector<TraceTurn> turns;
     std::vector<BlockHash> chain;
-    uint64_t context = 0;  // tokens of prompt + output so far
+    // The tokens after the last full block of `chain`: the known pieces, and
+    // whether any of them is unknown (output, or input without hash_ids).
+    std::vector<detail::BlockPiece> tail;
+    uint64_t tail_tokens = 0;
+    bool tail_unknown = false;
+    uint64_t context = 0;    // tokens of prompt + output so far
+    double arrival_ms = 0;   // nominal arrival of the latest turn
   };
   std::vector<Building> sessions;
-  absl::flat_hash_map<std::string, uint32_t> by_name;
+  // Keyed by the id's type and text, so 7 and "7" are different sessions.
+  absl::flat_hash_map<std::string, uint32_t> by_key;
 
-  auto extend = [block](Building& b, uint64_t tokens_after, uint32_t segment,
-                        const std::vector<int64_t>* ids) {
-    const uint64_t blocks = tokens_after / block;
-    while (b.chain.size() < blocks) {
-      const size_t j = b.chain.size();
-      const uint64_t id = ids != nullptr && j < ids->size() ? static_cast<uint64_t>((*ids)[j])
-                                                            : SyntheticBlockId(segment, j);
+  // Appends `tokens` tokens to the session; `ids` (ceil(tokens / block) of
+  // them, in blocks starting at the first of these tokens) describes them,
+  // or nullptr when nothing does. Each block the tokens complete is chained:
+  // one whole described block keeps its id, a block made of several
+  // described pieces gets an id derived from them (MixedBlockId), and a block
+  // holding any undescribed token one unique to the session
+  // (SyntheticBlockId).
+  auto append = [block](Building& b, uint64_t tokens, const std::vector<int64_t>* ids,
+                        uint32_t segment) {
+    for (uint64_t done = 0; done < tokens;) {
+      const uint64_t offset = done % block;  // within the line's own block
+      const uint64_t take = std::min({tokens - done, block - offset, block - b.tail_tokens});
+      if (ids != nullptr) {
+        const auto piece_id = static_cast<uint64_t>((*ids)[done / block]);
+        b.tail.push_back(detail::BlockPiece{piece_id, offset, take});
+      } else {
+        b.tail_unknown = true;
+      }
+      b.tail_tokens += take;
+      done += take;
+      if (b.tail_tokens < block) continue;
+      const uint64_t j = b.chain.size();
+      uint64_t id = 0;
+      if (b.tail_unknown) {
+        id = SyntheticBlockId(segment, j);
+      } else if (b.tail.size() == 1) {  // one whole block of a line: offset 0, `block` tokens
+        id = b.tail.front().id;
+      } else {
+        id = detail::MixedBlockId(b.tail);
+      }
       b.chain.push_back(ChainTraceId(b.chain.empty() ? kChainRootHash : b.chain.back(), id));
+      b.tail.clear();
+      b.tail_tokens = 0;
+      b.tail_unknown = false;
     }
   };
 
+  static constexpr std::string_view kFields[] = {"session_id", "input_length", "output_length",
+                                                 "hash_ids",   "timestamp",    "delay"};
   uint32_t order = 0;
   absl::Status read = detail::ForEachLine(in, [&](uint64_t line, std::string_view text) {
-    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text);
+    absl::StatusOr<nlohmann::json> json = detail::ParseLine(line, text, kFields);
     if (!json.ok()) return json.status();
     const nlohmann::json* sid = detail::Find(*json, "session_id");
     if (sid == nullptr) return detail::LineError(line, "missing field \"session_id\"");
@@ -632,6 +773,7 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     } else {
       return detail::LineError(line, "field \"session_id\" must be a string or an integer");
     }
+    const bool numeric = !sid->is_string();
     absl::StatusOr<uint64_t> input = detail::FieldUint(*json, "input_length", line, kMaxTurnTokens);
     if (!input.ok()) return input.status();
     absl::StatusOr<uint64_t> output = detail::FieldUint(*json, "output_length", line, kMaxTurnTokens);
@@ -639,44 +781,74 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     absl::StatusOr<std::vector<int64_t>> ids =
         detail::FieldIds(*json, "hash_ids", line, /*required=*/false);
     if (!ids.ok()) return ids.status();
+    const bool has_ids = detail::Find(*json, "hash_ids") != nullptr;
     if (line > UINT32_MAX) return detail::LineError(line, "too many lines");
 
-    auto [it, inserted] = by_name.try_emplace(name, static_cast<uint32_t>(sessions.size()));
+    auto [it, inserted] = by_key.try_emplace(absl::StrCat(numeric ? "n:" : "s:", name),
+                                             static_cast<uint32_t>(sessions.size()));
     if (inserted) {
       sessions.emplace_back();
-      sessions.back().name = name;
+      sessions.back().label = numeric ? name : absl::StrCat("\"", name, "\"");
+      sessions.back().name = std::move(name);
     }
     const uint32_t s = it->second;
     Building& b = sessions[s];
+    const std::string& label = b.label;
     TraceTurn t;
     t.session = s;
     t.turn = static_cast<uint32_t>(b.turns.size());
     t.line = static_cast<uint32_t>(line);
     t.segment = s;
     t.output_tokens = *output;
+    // A line's ids describe its input_length tokens in blocks from the first
+    // of them: the whole prompt on a first turn, the new tokens on a later one.
+    if (const uint64_t expected = (*input + block - 1) / block;
+        has_ids && ids->size() != expected) {
+      return detail::LineError(
+          line, absl::StrCat("\"hash_ids\" has ", ids->size(), " ids but input_length ", *input,
+                             " needs ", expected, " blocks of ", block, " tokens",
+                             t.turn == 0 ? " (is the block size right?)"
+                                         : " (a later turn lists only its new tokens' ids)"));
+    }
     const nlohmann::json* ts = detail::Find(*json, "timestamp");
     const nlohmann::json* delay = detail::Find(*json, "delay");
+    double arrival_ms = 0;
     if (t.turn == 0) {
       if (ts == nullptr) {
-        return detail::LineError(line, absl::StrCat("the first turn of session \"", name,
-                                                    "\" needs a \"timestamp\""));
+        return detail::LineError(line, absl::StrCat("the first turn of session ", label,
+                                                    " needs a \"timestamp\""));
       }
-      absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
-      if (!arrival.ok()) return arrival.status();
-      t.arrival_s = *arrival;
+      absl::StatusOr<double> timestamp_ms = detail::FieldMs(*ts, "timestamp", line);
+      if (!timestamp_ms.ok()) return timestamp_ms.status();
+      arrival_ms = *timestamp_ms;
+      t.arrival_s = *timestamp_ms * 1e-3;
     } else {
       const TraceTurn& prev = b.turns.back();
       if (delay != nullptr) {
-        absl::StatusOr<double> d = detail::FieldSeconds(*delay, "delay", line, 1e-3);
+        absl::StatusOr<double> d = detail::FieldMs(*delay, "delay", line);
         if (!d.ok()) return d.status();
-        t.delay_s = *d;
+        arrival_ms = b.arrival_ms + *d;
+        if (!(arrival_ms <= kMaxTraceTimeMs)) {
+          return detail::LineError(
+              line, absl::StrCat("field \"delay\" takes session ", label, " to ", arrival_ms,
+                                 " ms, past the limit of ", kMaxTraceTimeMs, " ms"));
+        }
+        t.delay_s = *d * 1e-3;
       } else if (ts != nullptr) {
-        absl::StatusOr<double> arrival = detail::FieldSeconds(*ts, "timestamp", line, 1e-3);
-        if (!arrival.ok()) return arrival.status();
-        t.delay_s = std::max(0.0, *arrival - prev.arrival_s);
+        absl::StatusOr<double> timestamp_ms = detail::FieldMs(*ts, "timestamp", line);
+        if (!timestamp_ms.ok()) return timestamp_ms.status();
+        if (*timestamp_ms < b.arrival_ms) {
+          return detail::LineError(
+              line, absl::StrCat("field \"timestamp\" is ", *timestamp_ms,
+                                 " ms, before the previous turn of session ", label, " (line ",
+                                 prev.line, ", at ", b.arrival_ms, " ms)"));
+        }
+        arrival_ms = *timestamp_ms;
+        // Not negative in milliseconds; max() only absorbs rounding in seconds.
+        t.delay_s = std::max(0.0, *timestamp_ms * 1e-3 - prev.arrival_s);
       } else {
-        return detail::LineError(line, absl::StrCat("a later turn of session \"", name,
-                                                    "\" needs a \"delay\""));
+        return detail::LineError(line, absl::StrCat("a later turn of session ", label,
+                                                    " needs a \"delay\""));
       }
       t.arrival_s = prev.arrival_s + t.delay_s;
     }
@@ -684,15 +856,16 @@ inline absl::StatusOr<Trace> ParseMultiturnTrace(std::istream& in, const TraceOp
     t.reusable_tokens = b.context;
     t.input_tokens = b.context + *input;
     if (t.input_tokens + *output > kMaxSessionContextTokens) {
-      return detail::LineError(line, absl::StrCat("session \"", name, "\" grows past ",
+      return detail::LineError(line, absl::StrCat("session ", label, " grows past ",
                                                   kMaxSessionContextTokens, " tokens"));
     }
     t.prefix_blocks = static_cast<uint32_t>(b.context / block);
     t.input_blocks = static_cast<uint32_t>(t.input_tokens / block);
-    extend(b, t.input_tokens, s, t.turn == 0 ? &*ids : nullptr);
-    extend(b, t.input_tokens + *output, s, nullptr);
+    append(b, *input, has_ids ? &*ids : nullptr, s);
+    append(b, *output, nullptr, s);
     t.output_blocks = static_cast<uint32_t>((t.input_tokens + *output) / block) - t.input_blocks;
     b.context = t.input_tokens + *output;
+    b.arrival_ms = arrival_ms;
     b.turns.push_back(t);
     ++order;
     return absl::OkStatus();

@@ -17,7 +17,12 @@
 //    a block on four or more workers points (tag 10) into a pool of full
 //    masks. The encoding is canonical (inline exactly when at most three
 //    workers), so equal sets have equal values unless both are pooled.
-// Every slot therefore costs 16 bytes whatever |D| is.
+// Every slot therefore costs 16 bytes whatever |D| is. Inline ids have 12
+// bits, so the table tells apart at most kMaxWorkers (4096) workers: the
+// indexes built on it refuse more in their `Create` (`CheckNumWorkers`), and
+// a table constructed for more anyway stores nothing for workers past 4095
+// (Insert returns false, Contains is false) rather than recording worker
+// 4096's blocks as worker 0's.
 //
 // Overlap: with chained hashes and prefix-closed residency the set of
 // workers holding block i shrinks as i grows, so it is a step function with
@@ -30,8 +35,12 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kvc_router/config.hpp"
 #include "kvc_router/types.hpp"
 
@@ -39,23 +48,49 @@ namespace kvc_router::index_detail {
 
 class BlockTable {
  public:
+  // Workers the value encoding tells apart: inline ids have kIdBits bits.
+  static constexpr int kIdBits = 12;
+  static constexpr uint32_t kMaxEncodableWorkers = uint32_t{1} << kIdBits;
+  static_assert(kMaxWorkers <= kMaxEncodableWorkers, "inline worker ids are 12 bits");
+
+  // OK when an index of `num_workers` workers fits the encoding (1..4096);
+  // otherwise InvalidArgument naming `index_name`.
+  static absl::Status CheckNumWorkers(uint32_t num_workers, std::string_view index_name) {
+    if (num_workers == 0 || num_workers > kMaxEncodableWorkers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(absl::string_view(index_name.data(), index_name.size()),
+                       ": num_workers must be in 1..", kMaxEncodableWorkers,
+                       " (kMaxWorkers; the block table encodes worker ids in ", kIdBits,
+                       " bits), got ", num_workers));
+    }
+    return absl::OkStatus();
+  }
+
+  // Prefer indexes' `Create`, which checks `num_workers` with CheckNumWorkers.
+  // Past kMaxEncodableWorkers the table only ever holds workers below it.
   explicit BlockTable(uint32_t num_workers)
       : num_workers_(num_workers),
-        words_(std::max<uint32_t>(1, (num_workers + 63) / 64)),
-        compact_(num_workers > 64) {
+        encodable_workers_(std::min(num_workers, kMaxEncodableWorkers)),
+        words_(std::max<uint32_t>(1, (encodable_workers_ + 63) / 64)),
+        compact_(encodable_workers_ > 64) {
     Rehash(64);
   }
 
   uint32_t num_workers() const { return num_workers_; }
   size_t size() const { return size_; }
+  // True when the table can hold blocks of `worker`.
+  bool Covers(WorkerId worker) const { return worker < encodable_workers_; }
 
   bool Contains(BlockHash hash, WorkerId worker) const {
+    if (!Covers(worker)) return false;
     const size_t slot = FindSlot(hash);
     return slot != kNone && Holds(values_[slot], worker);
   }
 
-  // Adds `worker` to the block; returns false when it was already there.
+  // Adds `worker` to the block; returns false when it was already there (or
+  // the table does not cover `worker`).
   bool Insert(BlockHash hash, WorkerId worker) {
+    if (!Covers(worker)) return false;
     if ((size_ + 1) * 8 > (mask_ + 1) * 7) Rehash((mask_ + 1) * 2);
     size_t slot = Home(hash);
     while (values_[slot] != 0 && keys_[slot] != hash) slot = (slot + 1) & mask_;
@@ -72,6 +107,7 @@ class BlockTable {
 
   // Removes `worker` from the block; returns false when it was not there.
   bool Erase(BlockHash hash, WorkerId worker) {
+    if (!Covers(worker)) return false;
     const size_t slot = FindSlot(hash);
     if (slot == kNone || !Holds(values_[slot], worker)) return false;
     values_[slot] = Without(values_[slot], worker);
@@ -81,6 +117,7 @@ class BlockTable {
 
   // Removes `worker` from every block (O(table)); returns how many it held.
   size_t EraseWorker(WorkerId worker) {
+    if (!Covers(worker)) return 0;
     std::vector<BlockHash> held;
     for (size_t slot = 0; slot <= mask_; ++slot) {
       if (values_[slot] != 0 && Holds(values_[slot], worker)) held.push_back(keys_[slot]);
@@ -116,8 +153,6 @@ class BlockTable {
   static constexpr uint64_t kTagMask = 3;
   static constexpr uint64_t kInlineTag = 1;
   static constexpr uint64_t kPooledTag = 2;
-  static constexpr int kIdBits = 12;
-  static_assert(kMaxWorkers <= (1u << kIdBits), "inline worker ids are 12 bits");
 
   static uint64_t Mix(uint64_t key) {
     key ^= key >> 33;
@@ -298,6 +333,7 @@ class BlockTable {
   }
 
   uint32_t num_workers_;
+  uint32_t encodable_workers_;  // min(num_workers_, kMaxEncodableWorkers)
   uint32_t words_;
   bool compact_;
   size_t mask_ = 0;

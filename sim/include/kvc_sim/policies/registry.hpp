@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kvc_router/config.hpp"
+#include "kvc_router/policy/affinity_policies.hpp"
 #include "kvc_router/policy/kvc_policy.hpp"
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_sim/policies/cache_aware_dp.hpp"
@@ -74,6 +75,16 @@ inline const std::vector<PolicyInfo>& ListPolicies() {
        "SGLang P/D today: cache-aware P and D, radix caches, only missing KV moved"},
       {"dp", Topology::kColocated,
        "SGLang cache-aware data parallelism (router launcher defaults)"},
+      {"load-only", Topology::kColocated, "EAR: fewest running requests"},
+      {"lmetric", Topology::kColocated,
+       "EAR: argmin (pending prefill + uncached input) x running requests"},
+      {"sticky", Topology::kColocated, "EAR: rendezvous hashing of the session"},
+      {"unified", Topology::kColocated,
+       "EAR: new sessions by LMetric or a high cache hit, later turns follow the binding"},
+      {"load-only-pd", Topology::kDisaggregated, "load-only choosing the decode worker"},
+      {"lmetric-pd", Topology::kDisaggregated, "lmetric choosing the decode worker"},
+      {"sticky-pd", Topology::kDisaggregated, "sticky choosing the decode worker"},
+      {"unified-pd", Topology::kDisaggregated, "unified choosing the decode worker"},
   };
   return kPolicies;
 }
@@ -122,6 +133,25 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
   if (name == "dp") {
     made.policy = std::make_unique<CacheAwareDpPolicy>(
         shape.instances(policy::Topology::kColocated), block_tokens, setup.cache_aware);
+    return made;
+  }
+  for (const policy::AffinityRule rule :
+       {policy::AffinityRule::kLoadOnly, policy::AffinityRule::kLMetric,
+        policy::AffinityRule::kSticky, policy::AffinityRule::kUnified}) {
+    const std::string base(policy::AffinityRuleName(rule));
+    if (name != base && name != base + "-pd") continue;
+    policy::AffinityPolicyOptions options;
+    options.rule = rule;
+    options.topology =
+        name == base ? policy::Topology::kColocated : policy::Topology::kDisaggregated;
+    options.instances = shape.instances(options.topology);
+    options.prefill_workers = shape.prefill_pool(options.topology);
+    options.block_tokens = block_tokens;
+    options.kv_capacity_tokens = setup.admission.capacity_tokens;
+    absl::StatusOr<std::unique_ptr<policy::AffinityPolicy>> affinity =
+        policy::AffinityPolicy::Create(options);
+    if (!affinity.ok()) return affinity.status();
+    made.policy = std::move(*affinity);
     return made;
   }
   std::string known;
