@@ -158,13 +158,9 @@ class AffinityPolicy final : public RoutingPolicy {
     const WorkerId chosen = Choose(request, cluster);
     estimate_.Learn(chosen, request.request.session, request.input_hashes);
     Bind(request.request.session, chosen);
-    Placement placement;
-    placement.instance = chosen;
-    placement.prefill = options_.topology == Topology::kDisaggregated ? ChoosePrefill(cluster)
-                                                                      : kNoWorker;
-    placement.mode = request.request.turn == 0 ? DecisionMode::kSeed : DecisionMode::kReseed;
-    placement.booking = Booking::kSession;
-    return placement;
+    return CachePlacement(request, chosen,
+                          options_.topology == Topology::kDisaggregated ? ChoosePrefill(cluster)
+                                                                        : kNoWorker);
   }
 
   void OnFinished(const PolicyRequest& request, const Placement& placement,

@@ -172,6 +172,20 @@ struct Placement {
   WorkerId migrate_from = kNoWorker;
 };
 
+// A placement on an instance that keeps the request's KV in its own cache
+// (Booking::kSession). Its mode is provisional, Seed for a first turn and
+// Reseed after: what the instance really held decides Direct (see
+// Placement::mode).
+inline Placement CachePlacement(const PolicyRequest& request, WorkerId instance,
+                                WorkerId prefill = kNoWorker) {
+  Placement placement;
+  placement.instance = instance;
+  placement.prefill = prefill;
+  placement.mode = request.request.turn == 0 ? DecisionMode::kSeed : DecisionMode::kReseed;
+  placement.booking = Booking::kSession;
+  return placement;
+}
+
 class RoutingPolicy {
  public:
   virtual ~RoutingPolicy() = default;

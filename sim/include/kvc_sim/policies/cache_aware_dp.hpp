@@ -187,12 +187,7 @@ class CacheAwareDpPolicy final : public policy::RoutingPolicy {
   absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
                                           policy::ClusterView& cluster) override {
     if (instances_ == 0) return absl::FailedPreconditionError("dp: no instances");
-    policy::Placement placement;
-    placement.instance = selector_.Select(request, cluster.now_s());
-    // The simulator classifies the mode from what the instance holds.
-    placement.mode = request.request.turn == 0 ? DecisionMode::kSeed : DecisionMode::kReseed;
-    placement.booking = policy::Booking::kSession;
-    return placement;
+    return policy::CachePlacement(request, selector_.Select(request, cluster.now_s()));
   }
 
   void OnFinished(const policy::PolicyRequest& request, const policy::Placement& placement,

@@ -48,13 +48,8 @@ class PdSglangPolicy final : public policy::RoutingPolicy {
       return absl::FailedPreconditionError(
           "pd-sglang: needs at least one prefill and one decode worker");
     }
-    policy::Placement placement;
-    placement.prefill = prefill_.Select(request, cluster.now_s());
-    placement.instance = decode_.Select(request, cluster.now_s());
-    // The simulator classifies the mode from what the decode worker holds.
-    placement.mode = request.request.turn == 0 ? DecisionMode::kSeed : DecisionMode::kReseed;
-    placement.booking = policy::Booking::kSession;
-    return placement;
+    const WorkerId prefill = prefill_.Select(request, cluster.now_s());
+    return policy::CachePlacement(request, decode_.Select(request, cluster.now_s()), prefill);
   }
 
   void OnFinished(const policy::PolicyRequest& request, const policy::Placement& placement,
