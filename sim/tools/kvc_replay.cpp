@@ -422,7 +422,9 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
             "turn at its trace time")
       ->group(clu);
   AddNumber(app, "--concurrency", o.sim.concurrency,
-            "closed loop: at most N sessions active at once, 0 = unlimited")
+            absl::StrCat("closed loop: at most N sessions active at once, 0 = unlimited "
+                         "(synthetic workloads: the preset's, ",
+                         o.synth.client_concurrency, ")"))
       ->group(clu);
   app.add_flag_callback(
          "--no-prefix-cache", [&o] { o.sim.prefix_cache = false; },
@@ -485,6 +487,9 @@ absl::Status FinishOptions(const CLI::App& app, Options& o) {
   if (o.synthetic == !o.trace_path.empty()) {
     return absl::InvalidArgumentError(
         "give exactly one of --trace PATH and --synthetic (or --preset NAME)");
+  }
+  if (o.synthetic && app.count("--concurrency") == 0 && o.sim.loop == LoopMode::kClosed) {
+    o.sim.concurrency = o.synth.client_concurrency;  // presets are meant to run under load
   }
   if (o.synthetic) {
     for (const char* flag : {"--format", "--hub-fanout"}) {

@@ -106,6 +106,10 @@ struct SyntheticConfig {
   uint64_t max_output_tokens = 8192;
   uint32_t block_tokens = 256;
   uint64_t seed = 1;
+  // Sessions active at once when the workload is replayed (SimConfig's
+  // concurrency, unless the caller sets one): the seeds evaluated at 32.
+  // The generator itself ignores it.
+  uint32_t client_concurrency = 32;
 
   // The seeds' SWE-bench replay (the default-constructed config).
   static SyntheticConfig SweBench() { return SyntheticConfig{}; }
