@@ -639,6 +639,34 @@ TEST_CASE("simulator: a policy whose block size differs from the trace's is refu
   CHECK_THAT(test::Message(result.status()), Catch::Contains("block"));
 }
 
+TEST_CASE("simulator: a trace with Unix-epoch timestamps replays like one starting at 0",
+          "[sim][truth]") {
+  std::string at_zero, at_epoch;
+  for (int i = 0; i < 200; ++i) {
+    const std::string rest = absl::StrCat(", \"input_length\": 1024, \"output_length\": 40, "
+                                          "\"hash_ids\": [", i % 7, ", ", i, "]}\n");
+    absl::StrAppend(&at_zero, "{\"timestamp\": ", i * 250, rest);
+    absl::StrAppend(&at_epoch, "{\"timestamp\": ", int64_t{1764547200000} + i * 250, rest);
+  }
+  std::istringstream zero_in(at_zero), epoch_in(at_epoch);
+  auto zero = ParseMooncakeTrace(zero_in, TraceOptions{});
+  auto epoch = ParseMooncakeTrace(epoch_in, TraceOptions{});
+  REQUIRE(zero.ok());
+  REQUIRE(epoch.ok());
+  for (const std::string name : {"dp", "pd", "kvc", "pd-sglang"}) {
+    INFO(name);
+    for (LoopMode loop : {LoopMode::kClosed, LoopMode::kOpen}) {
+      SimConfig config;
+      config.loop = loop;
+      const PolicyResult a = Replay(*zero, name, config);
+      const PolicyResult b = Replay(*epoch, name, config);
+      CHECK(b.served() == a.served());
+      CHECK(b.ttft_s.mean == Approx(a.ttft_s.mean).epsilon(1e-6));
+      CHECK(b.makespan_s == Approx(a.makespan_s).epsilon(1e-6));
+    }
+  }
+}
+
 TEST_CASE("simulator: concurrency with open-loop replay is refused", "[sim][concurrency]") {
   SimConfig config;
   config.loop = LoopMode::kOpen;

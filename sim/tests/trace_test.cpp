@@ -673,7 +673,7 @@ TEST_CASE("mooncake: one matching id at the right index does not join sessions",
 // Issue 10, trace-2: times are bounded (kMaxTraceTimeMs), also as a
 // session's delays add up, so no arrival is huge or infinite.
 TEST_CASE("trace lines: absurd and non-finite times are refused", "[sim][trace]") {
-  const std::string limit = "1e+12";
+  const std::string limit = "1e+15";
   struct Case {
     std::string text;
     std::string expect;
@@ -681,8 +681,8 @@ TEST_CASE("trace lines: absurd and non-finite times are refused", "[sim][trace]"
   const std::vector<Case> mooncake = {
       {MooncakeLine("1e308", "1024", "1", "[0, 1]"),
        "line 1: field \"timestamp\" is 1e+308 ms, above the limit of " + limit + " ms"},
-      {MooncakeLine("1000000000001", "1024", "1", "[0, 1]"),
-       "line 1: field \"timestamp\" is 1e+12 ms, above the limit"},
+      {MooncakeLine("1000000000000001", "1024", "1", "[0, 1]"),
+       "line 1: field \"timestamp\" is 1e+15 ms, above the limit"},
       {MooncakeLine("18446744073709551615", "1024", "1", "[0, 1]"),
        "line 1: field \"timestamp\" is 1.84467e+19 ms, above the limit"},
   };
@@ -703,15 +703,15 @@ TEST_CASE("trace lines: absurd and non-finite times are refused", "[sim][trace]"
        "line 1: field \"timestamp\" is 1e+308 ms, above the limit of " + limit + " ms"},
       {first + later("1e308"), "line 2: field \"delay\" is 1e+308 ms, above the limit"},
       // Each delay is allowed; their sum is not.
-      {first + later("6e11") + later("6e11"),
-       "line 3: field \"delay\" takes session \"s\" to 1.2e+12 ms, past the limit of " + limit +
+      {first + later("6e14") + later("6e14"),
+       "line 3: field \"delay\" takes session \"s\" to 1.2e+15 ms, past the limit of " + limit +
            " ms"},
-      {R"({"session_id": 5, "input_length": 10, "output_length": 1, "timestamp": 1e12})" "\n"
+      {R"({"session_id": 5, "input_length": 10, "output_length": 1, "timestamp": 1e15})" "\n"
        R"({"session_id": 5, "input_length": 10, "output_length": 1, "delay": 0.5})" "\n",
        "line 2: field \"delay\" takes session 5 to"},
-      {first + R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 2e12})"
+      {first + R"({"session_id": "s", "input_length": 10, "output_length": 1, "timestamp": 2e15})"
                "\n",
-       "line 2: field \"timestamp\" is 2e+12 ms, above the limit"},
+       "line 2: field \"timestamp\" is 2e+15 ms, above the limit"},
   };
   for (const Case& c : multiturn) {
     INFO(c.text);
@@ -721,18 +721,22 @@ TEST_CASE("trace lines: absurd and non-finite times are refused", "[sim][trace]"
   }
   // Many huge delays: refused where the sum first passes the limit.
   std::string many = first;
-  for (int k = 0; k < 200; ++k) many += later("9e11");
+  for (int k = 0; k < 200; ++k) many += later("9e14");
   auto summed = ParseMultiturn(many);
   REQUIRE_FALSE(summed.ok());
   CHECK_THAT(test::Message(summed.status()), Catch::StartsWith("line 3: field \"delay\""));
 
+  // Unix-epoch milliseconds are ordinary timestamps.
+  auto epoch = ParseMooncake(MooncakeLine("1764547200000", "1024", "1", "[0, 1]") + "\n");
+  REQUIRE(epoch.ok());
+  CHECK(epoch->turns[0].arrival_s == Approx(1764547200.0));
   // The limit itself is allowed.
-  auto at_limit = ParseMooncake(MooncakeLine("1e12", "1024", "1", "[0, 1]") + "\n");
+  auto at_limit = ParseMooncake(MooncakeLine("1e15", "1024", "1", "[0, 1]") + "\n");
   REQUIRE(at_limit.ok());
-  CHECK(at_limit->turns[0].arrival_s == Approx(1e9));
-  auto sum_at_limit = ParseMultiturn(first + later("5e11") + later("5e11"));
+  CHECK(at_limit->turns[0].arrival_s == Approx(1e12));
+  auto sum_at_limit = ParseMultiturn(first + later("5e14") + later("5e14"));
   REQUIRE(sum_at_limit.ok());
-  CHECK(sum_at_limit->turns.back().arrival_s == Approx(1e9));
+  CHECK(sum_at_limit->turns.back().arrival_s == Approx(1e12));
   CHECK(sum_at_limit->Validate().ok());
 }
 

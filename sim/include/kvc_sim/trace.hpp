@@ -45,8 +45,9 @@
 //    to the session (SyntheticBlockId), which makes the hash of every later
 //    block of the session its own too. A line's last, partial block has no
 //    hash of its own: its id only enters the block it is completed into.
-//  Times: a `timestamp` or `delay` is at most kMaxTraceTimeMs (1e12 ms, about
-//  31.7 years), and so is the arrival a session's delays add up to.
+//  Times: a `timestamp` or `delay` is at most kMaxTraceTimeMs (1e15 ms, about
+//  31,700 years: Unix-epoch milliseconds fit), and so is the arrival a
+//  session's delays add up to.
 // Each line is one JSON object, parsed with nlohmann-json. Unknown fields are
 // ignored, whatever their type (parsed and checked, not stored); a repeated
 // key (found through a hash set, so many keys cost linear time) or nesting
@@ -109,10 +110,11 @@ inline constexpr uint64_t kMaxSessionContextTokens = uint64_t{1} << 26;
 // arbitrarily deep value.
 inline constexpr size_t kMaxJsonDepth = 32;
 // Largest timestamp or delay, and latest arrival a multi-turn session's
-// delays may add up to, in milliseconds (1e12 ms, about 31.7 years): keeps
+// delays may add up to, in milliseconds (1e15 ms, about 31,700 years, so
+// Unix-epoch timestamps in milliseconds are accepted): keeps
 // the nominal clock finite and precise to far below a millisecond. Checked
 // as each line's sum accumulates, so no sum of delays overflows.
-inline constexpr double kMaxTraceTimeMs = 1e12;
+inline constexpr double kMaxTraceTimeMs = 1e15;
 
 // Chains one trace block id onto `parent`.
 inline BlockHash ChainTraceId(BlockHash parent, uint64_t id) {
