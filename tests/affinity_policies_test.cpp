@@ -2,10 +2,15 @@
 // rule on hand-built cluster states: load-only, LMetric (with the report's
 // warm-vs-cold example), sticky's rendezvous hashing (membership changes move
 // ~1/N of the sessions, and only to or from the changed instance), unified's
-// binding and high-cache override, and the P/D variants.
+// binding and high-cache override, the P/D variants, and ear's migration
+// step: its triggers (pending prefill, memory), target choice, cooldown,
+// never mid-request, no ping-pong under steady load.
 #include "kvc_router/policy/affinity_policies.hpp"
 
 #include <catch2/catch.hpp>
+#include <limits>
+#include <map>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -21,14 +26,13 @@ using testing::GrowingSession;
 
 std::unique_ptr<AffinityPolicy> Make(AffinityRule rule, uint32_t instances,
                                      Topology topology = Topology::kColocated,
-                                     uint32_t prefill = 0) {
-  AffinityPolicyOptions options;
+                                     uint32_t prefill = 0, AffinityPolicyOptions options = {}) {
   options.rule = rule;
   options.topology = topology;
   options.instances = instances;
   options.prefill_workers = prefill;
   options.block_tokens = 16;
-  options.kv_capacity_tokens = 1 << 20;
+  if (options.kv_capacity_tokens == 0) options.kv_capacity_tokens = 1 << 20;
   auto policy = AffinityPolicy::Create(options);
   REQUIRE(policy.ok());
   return std::move(*policy);
@@ -238,6 +242,252 @@ TEST_CASE("affinity policies: bad options and a mismatched cluster are refused",
   auto p = policy->Place(s.Next(0, 1), smaller);
   REQUIRE_FALSE(p.ok());
   CHECK_THAT(test::Message(p.status()), Catch::Contains("4 instances"));
+}
+
+
+// ear on four instances with T_hot = 1,000 tokens, 16-token blocks.
+std::unique_ptr<AffinityPolicy> MakeEar(uint64_t capacity = 1 << 20, double cooldown_s = 60) {
+  AffinityPolicyOptions options;
+  options.hot_prefill_tokens = 1000;
+  options.migration_cooldown_s = cooldown_s;
+  options.session_idle_s = 1e6;
+  options.kv_capacity_tokens = capacity;
+  auto policy = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+  return policy;
+}
+
+// Places the next turn of `s` and finishes it at once.
+Placement Turn(AffinityPolicy& policy, FakeCluster& cluster, GrowingSession& s, uint64_t id,
+               size_t new_blocks) {
+  const PolicyRequest request = s.Next(id, new_blocks);
+  absl::StatusOr<Placement> p = policy.Place(request, cluster);
+  REQUIRE(p.ok());
+  policy.OnFinished(request, *p, cluster);
+  return *p;
+}
+
+TEST_CASE("ear: a cool instance keeps its sessions; a hot one sends the next turn to the "
+          "lightest cool instance with the KV",
+          "[policy][ear][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  auto ear = MakeEar();
+  CHECK(ear->name() == "ear");
+  GrowingSession s{1};
+  const Placement first = Turn(*ear, cluster, s, 0, 10);
+  CHECK(first.instance == 0);
+  CHECK(first.migrate_from == kNoWorker);
+  // At the threshold is not hot.
+  cluster.load(0).pending_prefill_tokens = 1000;
+  cluster.load(0).running_requests = 5;
+  const Placement cool = Turn(*ear, cluster, s, 1, 2);
+  CHECK(cool.instance == 0);
+  CHECK(cool.migrate_from == kNoWorker);
+  // Hot: instance 1 is lightest but would not stay cool after the turn
+  // (480 + 32 > 500), 2 and 3 would; 3 has less pending prefill.
+  cluster.load(0).pending_prefill_tokens = 1001;
+  cluster.load(1).pending_prefill_tokens = 480;
+  cluster.load(2).pending_prefill_tokens = 400;
+  cluster.load(3).pending_prefill_tokens = 100;
+  const PolicyRequest next = s.Next(2, 2);
+  const std::optional<MigrationPlan> plan = ear->PlanMigration(next, cluster);
+  REQUIRE(plan.has_value());
+  CHECK(plan->from == 0);
+  CHECK(plan->to == 3);
+  CHECK(plan->trigger == MigrationTrigger::kHotPrefill);
+  CHECK(plan->context_tokens == 12 * 16);
+  CHECK(ear->binding(1) == 0);  // planning changes nothing
+  absl::StatusOr<Placement> moved = ear->Place(next, cluster);
+  REQUIRE(moved.ok());
+  CHECK(moved->instance == 3);
+  CHECK(moved->migrate_from == 0);
+  CHECK(moved->booking == Booking::kSession);
+  CHECK(ear->binding(1) == 3);
+  CHECK(ear->migrations() == 1);
+  // Never mid-request: the turn is still running.
+  cluster.load(3).pending_prefill_tokens = 5000;
+  CHECK_FALSE(ear->PlanMigration(s.Next(3, 1), cluster).has_value());
+}
+
+TEST_CASE("ear: when no instance can take the session, the binding stays", "[policy][ear][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  SECTION("every other instance is warm") {
+    auto ear = MakeEar();
+    GrowingSession s{2};
+    REQUIRE(Turn(*ear, cluster, s, 0, 10).instance == 0);
+    cluster.load(0).pending_prefill_tokens = 50000;
+    for (WorkerId d = 1; d < 4; ++d) cluster.load(d).pending_prefill_tokens = 600;
+    const Placement p = Turn(*ear, cluster, s, 1, 1);
+    CHECK(p.instance == 0);
+    CHECK(p.migrate_from == kNoWorker);
+  }
+  SECTION("no other instance has room for the context") {
+    // 1,000 tokens of KV per instance; other sessions fill 1..3.
+    auto ear = MakeEar(/*capacity=*/1000);
+    std::vector<GrowingSession> fillers;
+    for (SessionId id = 10; id < 13; ++id) fillers.push_back(GrowingSession{id});
+    GrowingSession s{2};
+    REQUIRE(Turn(*ear, cluster, s, 0, 40).instance == 0);  // 640 tokens
+    uint64_t id = 1;
+    for (GrowingSession& f : fillers) {
+      const Placement p = Turn(*ear, cluster, f, id++, 40);
+      CHECK(p.instance != 0);  // 0 cannot hold another 640 tokens
+    }
+    for (WorkerId d = 1; d < 4; ++d) CHECK(ear->committed_tokens(d) == 640);
+    cluster.load(0).pending_prefill_tokens = 50000;
+    const Placement p = Turn(*ear, cluster, s, id, 1);
+    CHECK(p.instance == 0);
+    CHECK(p.migrate_from == kNoWorker);
+  }
+}
+
+TEST_CASE("ear: an instance whose live contexts exceed K_d sheds the arriving session",
+          "[policy][ear][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  auto ear = MakeEar(/*capacity=*/1000);
+  // Sessions 1 and 2 bind to 0 and 1 (LMetric on an idle cluster: 0, then
+  // the instance with the smaller prefill term).
+  GrowingSession a{1};
+  GrowingSession b{2};
+  REQUIRE(Turn(*ear, cluster, a, 0, 30).instance == 0);
+  // Make 0 look busy so b's first turn goes elsewhere by LMetric.
+  cluster.load(0).running_requests = 1;
+  const WorkerId b_home = Turn(*ear, cluster, b, 1, 10).instance;
+  REQUIRE(b_home != 0);
+  cluster.load(0).running_requests = 0;
+  // a grows to 1,040 tokens on 0: more than K_d. Its next turn moves to the
+  // lightest instance with room (3: 1 and 2 are busier).
+  REQUIRE(Turn(*ear, cluster, a, 2, 35).instance == 0);
+  CHECK(ear->committed_tokens(0) == 65 * 16);
+  cluster.load(1).pending_prefill_tokens = 50;
+  cluster.load(2).pending_prefill_tokens = 50;
+  const PolicyRequest next = a.Next(3, 1);
+  const std::optional<MigrationPlan> plan = ear->PlanMigration(next, cluster);
+  // The context itself exceeds K_d everywhere: nothing can hold it.
+  CHECK_FALSE(plan.has_value());
+  // A smaller overflow: c (400 tokens) joins a smaller a2 on one instance.
+  auto ear2 = MakeEar(/*capacity=*/1000);
+  FakeCluster c2(Topology::kColocated, 0, 4, 100000);
+  GrowingSession x{5};
+  GrowingSession y{6};
+  REQUIRE(Turn(*ear2, c2, x, 0, 30).instance == 0);  // 480
+  c2.load(1).running_requests = 1;
+  c2.load(2).running_requests = 1;
+  c2.load(3).running_requests = 1;
+  // High-cache override is off for y (no overlap); 0 still fits 480 + 400.
+  REQUIRE(Turn(*ear2, c2, y, 1, 25).instance == 0);
+  // x grows past what 0 can hold beside y: 0 is memory-hot.
+  REQUIRE(Turn(*ear2, c2, x, 2, 10).instance == 0);  // 640 + 400 > 1000
+  CHECK(ear2->committed_tokens(0) == 1040);
+  c2.load(2).pending_prefill_tokens = 10;
+  c2.load(3).pending_prefill_tokens = 20;
+  c2.load(1).pending_prefill_tokens = 30;
+  const Placement moved = Turn(*ear2, c2, x, 3, 1);
+  CHECK(moved.migrate_from == 0);
+  CHECK(moved.instance == 2);
+  CHECK(ear2->committed_tokens(0) == 400);
+  CHECK(ear2->committed_tokens(2) == 41 * 16);
+}
+
+TEST_CASE("ear: at most one move per session per cooldown", "[policy][ear][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  auto ear = MakeEar(1 << 20, /*cooldown_s=*/60);
+  GrowingSession s{3};
+  REQUIRE(Turn(*ear, cluster, s, 0, 10).instance == 0);
+  cluster.now = 10;
+  cluster.load(0).pending_prefill_tokens = 5000;
+  const Placement first = Turn(*ear, cluster, s, 1, 1);
+  REQUIRE(first.migrate_from == 0);
+  const WorkerId home = first.instance;
+  // The new home is hot at once; another cool instance exists.
+  cluster.load(0).pending_prefill_tokens = 0;
+  cluster.load(home).pending_prefill_tokens = 5000;
+  cluster.now = 69.9;
+  CHECK(Turn(*ear, cluster, s, 2, 1).migrate_from == kNoWorker);
+  cluster.now = 70;
+  const Placement second = Turn(*ear, cluster, s, 3, 1);
+  CHECK(second.migrate_from == home);
+  CHECK(ear->migrations() == 2);
+}
+
+TEST_CASE("ear: steady load never makes a session ping-pong (property)",
+          "[policy][ear][migration][property]") {
+  // Random but steady loads on 2..6 instances: whatever they are, a session
+  // moves at most once over 200 turns (a second move would need the load to
+  // change), and never back to where it came from.
+  const uint64_t seed = GENERATE(take(50, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  const auto n = static_cast<uint32_t>(2 + rng.Next() % 5);
+  FakeCluster cluster(Topology::kColocated, 0, n, 100000);
+  AffinityPolicyOptions options;
+  options.instances = n;
+  options.hot_prefill_tokens = 1000;
+  options.migration_cooldown_s = static_cast<double>(rng.Next() % 30);
+  options.kv_capacity_tokens = 1 << 20;
+  auto ear = Make(AffinityRule::kEar, n, Topology::kColocated, 0, options);
+  for (WorkerId d = 0; d < n; ++d) {
+    cluster.load(d).pending_prefill_tokens = rng.Next() % 2000;
+    cluster.load(d).running_requests = static_cast<uint32_t>(rng.Next() % 4);
+  }
+  std::vector<GrowingSession> sessions;
+  for (SessionId id = 0; id < 4; ++id) sessions.push_back(GrowingSession{id + 1});
+  std::map<SessionId, std::vector<WorkerId>> homes;
+  uint64_t request = 0;
+  for (int turn = 0; turn < 200; ++turn) {
+    cluster.now += 1.0 + static_cast<double>(rng.Next() % 10);
+    GrowingSession& s = sessions[rng.Next() % sessions.size()];
+    const Placement p = Turn(*ear, cluster, s, request++, 1 + rng.Next() % 3);
+    std::vector<WorkerId>& h = homes[s.id];
+    if (h.empty() || h.back() != p.instance) h.push_back(p.instance);
+  }
+  for (const auto& [session, h] : homes) {
+    INFO("session " << session);
+    CHECK(h.size() <= 2);
+  }
+}
+
+TEST_CASE("ear: the idle time is learned from the gaps between turns", "[policy][ear]") {
+  GapHistogram gaps;
+  CHECK(gaps.count() == 0);
+  for (int i = 1; i <= 100; ++i) gaps.Add(static_cast<double>(i));
+  gaps.Add(-1);  // ignored
+  gaps.Add(std::numeric_limits<double>::infinity());
+  CHECK(gaps.count() == 100);
+  // Within one bucket (2^(1/4), 19%) above the true quantile.
+  CHECK(gaps.Quantile(0.95) >= 95.0);
+  CHECK(gaps.Quantile(0.95) <= 95.0 * 1.19);
+  CHECK(gaps.Quantile(0.5) >= 50.0);
+  CHECK(gaps.Quantile(0.5) <= 50.0 * 1.19);
+
+  // A session idle longer than the learned p95 gap stops counting.
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  AffinityPolicyOptions options;
+  options.kv_capacity_tokens = 1 << 20;
+  auto ear = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+  GrowingSession s{4};
+  for (int turn = 0; turn < 20; ++turn) {
+    cluster.now += 2.0;  // every gap is 2 s
+    Turn(*ear, cluster, s, static_cast<uint64_t>(turn), 1);
+  }
+  const WorkerId home = ear->binding(4);
+  CHECK(ear->committed_tokens(home) == 20 * 16);
+  GrowingSession other{5};
+  cluster.now += 10;  // far beyond 2 s
+  Turn(*ear, cluster, other, 100, 1);
+  CHECK(ear->committed_tokens(home) == (ear->binding(5) == home ? 16u : 0u));
+}
+
+TEST_CASE("ear: bad migration options are refused", "[policy][ear]") {
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.hot_prefill_tokens = 0;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()), Catch::Contains("hot_prefill_tokens"));
+  options = {};
+  options.migration_cooldown_s = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()), Catch::Contains("migration_cooldown_s"));
+  options = {};
+  options.idle_gap_quantile = 1;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()), Catch::Contains("idle_gap_quantile"));
 }
 
 }  // namespace

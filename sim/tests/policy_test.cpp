@@ -46,9 +46,9 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
     CHECK_FALSE(info.description.empty());
   }
   CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "pd", "pd-sglang", "dp",
-                                          "load-only", "lmetric", "sticky", "unified",
+                                          "load-only", "lmetric", "sticky", "unified", "ear",
                                           "load-only-pd", "lmetric-pd", "sticky-pd",
-                                          "unified-pd"});
+                                          "unified-pd", "ear-pd"});
   for (const PolicyInfo& info : ListPolicies()) {
     auto policy = Make(std::string(info.name), Env());
     CHECK(policy->name() == info.name);
@@ -61,7 +61,7 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
   CHECK_FALSE(MakePolicy("pd", Env())->engine.prefill_cache);
   CHECK_FALSE(MakePolicy("pd", Env())->engine.delta_transfer);
   CHECK(MakePolicy("pd-sglang", Env())->engine.delta_transfer);
-  auto unknown = MakePolicy("ear", Env());
+  auto unknown = MakePolicy("ear-colo", Env());
   REQUIRE_FALSE(unknown.ok());
   CHECK_THAT(test::Message(unknown.status()), Catch::Contains("known: kvc, kvc-v1, kvc-colo"));
   PolicySetup no_p = Env();

@@ -29,7 +29,8 @@ namespace {
 
 const std::vector<std::string> kAllPolicies = {
     "kvc",       "kvc-v1", "kvc-colo", "pd",           "pd-sglang",  "dp",        "load-only",
-    "lmetric",   "sticky", "unified",  "load-only-pd", "lmetric-pd", "sticky-pd", "unified-pd"};
+    "lmetric",   "sticky", "unified",  "load-only-pd", "lmetric-pd", "sticky-pd", "unified-pd",
+    "ear",       "ear-pd"};
 
 PolicySetup SetupFor(const SimConfig& config, const Trace& trace) {
   PolicySetup setup;
@@ -450,11 +451,11 @@ TEST_CASE("simulator: monotone in workers and in K_d on fixed traces", "[sim][mo
   const Trace trace = SmallSynthetic(21, 16, 800);
   // unified binds sessions where LMetric put them when they started, so more
   // instances can change which sessions share one; that is the policy, not
-  // the simulator (docs/simulator.md reports it). Every other policy is
-  // checked for both properties, unified for K_d.
+  // the simulator (docs/simulator.md reports it); ear binds the same way.
+  // Every other policy is checked for both properties, unified and ear for K_d.
   for (const std::string& name : kAllPolicies) {
     INFO(name);
-    const bool binds_by_load = name.rfind("unified", 0) == 0;
+    const bool binds_by_load = name.rfind("unified", 0) == 0 || name.rfind("ear", 0) == 0;
     SimConfig small;
     small.concurrency = 8;
     small.admission.capacity_tokens = 60000;
@@ -493,6 +494,80 @@ TEST_CASE("simulator: pd-sglang transfers exactly the tokens beyond the decode p
   config.prefix_cache = false;
   const PolicyResult cold = Replay(trace, "pd-sglang", config);
   CHECK(cold.kv_transfer_tokens == 5000 + 6000 + 6140);
+}
+
+// Places turn 0 of every session on instance 0 and later turns on instance
+// 1, moving the session's KV there when `migrate` is set.
+class MoveToOnePolicy final : public policy::RoutingPolicy {
+ public:
+  explicit MoveToOnePolicy(bool migrate) : migrate_(migrate) {}
+  std::string_view name() const override { return "move-to-one"; }
+  policy::Topology topology() const override { return policy::Topology::kColocated; }
+  absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
+                                          policy::ClusterView& cluster) override {
+    (void)cluster;
+    const bool later = request.request.turn > 0;
+    policy::Placement p = policy::CachePlacement(request, later ? 1 : 0);
+    if (later && migrate_ && request.request.turn == 1) p.migrate_from = 0;
+    return p;
+  }
+
+ private:
+  bool migrate_;
+};
+
+TEST_CASE("simulator: a migrated session's KV moves at link bandwidth and is then reused",
+          "[sim][migration]") {
+  const Trace trace = ParseMultiturnText(
+      R"({"session_id":"x","input_length":10000,"output_length":100,"timestamp":0})" "\n"
+      R"({"session_id":"x","input_length":600,"output_length":40,"delay":3000})" "\n");
+  SimConfig config;
+  config.cluster = {.prefill_workers = 0, .decode_workers = 2, .colocated_instances = 2};
+  const CostModel& cost = config.cost;
+  constexpr int kSeed = static_cast<int>(DecisionMode::kSeed);
+  constexpr int kDirect = static_cast<int>(DecisionMode::kDirect);
+  constexpr int kReseed = static_cast<int>(DecisionMode::kReseed);
+
+  MoveToOnePolicy migrate(true);
+  auto moved = Simulator::Run(trace, migrate, config);
+  REQUIRE(moved.ok());
+  // The whole 10,100-token context moves; only the 600 new tokens are computed.
+  CHECK(moved->kv_migrations == 1);
+  CHECK(moved->kv_migrated_tokens == 10100);
+  CHECK(moved->migrations == 1);
+  REQUIRE(moved->mode_counts[kDirect] == 1);
+  CHECK(moved->ttft_by_mode_s[kDirect].p50 ==
+        Approx(cost.TransferSeconds(10100) + cost.PrefillSeconds(600, 10100)).epsilon(1e-12));
+  CHECK(moved->hit_rate() == Approx(10100.0 / 20700.0));
+  CHECK(moved->ttft_by_mode_s[kSeed].p50 == Approx(cost.PrefillSeconds(10000, 0)).epsilon(1e-12));
+
+  // The same move without migration recomputes everything.
+  MoveToOnePolicy plain(false);
+  auto cold = Simulator::Run(trace, plain, config);
+  REQUIRE(cold.ok());
+  CHECK(cold->kv_migrations == 0);
+  CHECK(cold->migrations == 1);
+  REQUIRE(cold->mode_counts[kReseed] == 1);
+  CHECK(cold->ttft_by_mode_s[kReseed].p50 == Approx(cost.PrefillSeconds(10700, 0)).epsilon(1e-12));
+  CHECK(cold->hit_rate() == 0);
+
+  // Migration onto the same instance, from no instance, or of a KVC
+  // admission are refused as bad placements.
+  class BadMove final : public policy::RoutingPolicy {
+   public:
+    std::string_view name() const override { return "bad-move"; }
+    policy::Topology topology() const override { return policy::Topology::kColocated; }
+    absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
+                                            policy::ClusterView& cluster) override {
+      (void)cluster;
+      policy::Placement p = policy::CachePlacement(request, 0);
+      p.migrate_from = request.request.turn == 0 ? 0 : 7;
+      return p;
+    }
+  } bad;
+  auto refused = Simulator::Run(trace, bad, config);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(test::Message(refused.status()), Catch::Contains("same instance"));
 }
 
 TEST_CASE("simulator: a decode sharing the GPU with a prefill is longer by that prefill",

@@ -385,6 +385,25 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
             "dp/pd-sglang: characters the radix tree keeps")
       ->group(pol);
 
+  kvc_router::policy::AffinityPolicyOptions& af = o.setup.affinity;
+  AddNumber(app, "--high-cache-fraction", af.high_cache_fraction,
+            "unified/ear: a new session goes where more than this fraction of its input is cached")
+      ->group(pol);
+  AddNumber(app, "--hot-prefill-tokens", af.hot_prefill_tokens,
+            "ear: T_hot, pending prefill tokens that make an instance hot", Sign::kPositive)
+      ->group(pol);
+  app.add_option("--memory-trigger", af.memory_trigger,
+                 "ear: also migrate off instances whose live session contexts exceed K_d")
+      ->capture_default_str()
+      ->group(pol);
+  AddNumber(app, "--migration-cooldown", af.migration_cooldown_s,
+            "ear: seconds before a session may move again")
+      ->group(pol);
+  AddNumber(app, "--session-idle", af.session_idle_s,
+            "ear: seconds after which an idle session stops counting against its instance's memory",
+            Sign::kPositive)
+      ->group(pol);
+
   // Cluster and load.
   const std::string clu = "cluster and load";
   app.add_option("--profile", base.profile, "hardware profile: K_d, cost model, host tier")
@@ -516,6 +535,7 @@ absl::Status FinishOptions(const CLI::App& app, Options& o) {
   o.setup.admission = o.sim.admission;
   if (absl::Status s = o.sim.Validate(); !s.ok()) return s;
   if (absl::Status s = o.setup.cache_aware.Validate(); !s.ok()) return s;
+  if (absl::Status s = o.setup.affinity.Validate(); !s.ok()) return s;
   std::vector<std::string> names;
   for (std::string& name : sim::ExpandPolicyNames(o.policies)) {
     if (std::find(names.begin(), names.end(), name) == names.end()) {

@@ -13,7 +13,10 @@
 //   unified    affinity by default: a session's first placement is chosen by
 //              LMetric (or, when some instance already caches more than
 //              `high_cache_fraction` of the request, by that cache), and its
-//              later turns follow the binding.
+//              later turns follow the binding;
+//   ear        unified plus session migration (the EAR report's Pillar 2):
+//              when a later turn's instance is hot, the session's KV moves
+//              to a lighter instance that can hold it (see PlanMigration).
 //
 // Each runs on either topology. On the colocated one it picks the instance;
 // on the disaggregated one it picks the decode worker the same way and the
@@ -36,6 +39,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -58,7 +66,7 @@ namespace kvc_router::policy {
 // LMetric's product of two 64-bit factors, without overflow.
 __extension__ typedef unsigned __int128 LMetricScore;
 
-enum class AffinityRule : uint8_t { kLoadOnly, kLMetric, kSticky, kUnified };
+enum class AffinityRule : uint8_t { kLoadOnly, kLMetric, kSticky, kUnified, kEar };
 
 inline std::string_view AffinityRuleName(AffinityRule rule) {
   switch (rule) {
@@ -70,6 +78,8 @@ inline std::string_view AffinityRuleName(AffinityRule rule) {
       return "sticky";
     case AffinityRule::kUnified:
       return "unified";
+    case AffinityRule::kEar:
+      return "ear";
   }
   return "unknown";
 }
@@ -88,6 +98,26 @@ struct AffinityPolicyOptions {
   double high_cache_fraction = 0.5;
   // Bound on remembered session bindings (oldest placement forgotten first).
   uint64_t max_bindings = uint64_t{1} << 20;
+
+  // ear: a bound session's instance is hot when its pending prefill tokens
+  // exceed this (T_hot). 65,536 tokens are eight 8k prefill chunks, about
+  // 2.6 s of queued prefill on an H100 with an 8B model, several times what
+  // moving a 100k-token context over RDMA costs (~0.7 s).
+  uint64_t hot_prefill_tokens = 65536;
+  // ear: also hot when the contexts of the live sessions bound to the
+  // instance exceed its KV capacity (kv_capacity_tokens): LRU would evict
+  // some of them and their next turns would re-prefill everything.
+  bool memory_trigger = true;
+  // ear: a session migrates at most once per this many seconds.
+  double migration_cooldown_s = 60;
+  // ear: a session idle this long no longer counts against its instance's
+  // memory (it has most likely ended; its KV is the first LRU evicts).
+  // 0 = learned: the idle_gap_quantile of the gaps observed between a turn's
+  // end and its session's next turn (before any gap is seen: 60 s). How long
+  // agents think or run tools differs by workload (seconds for a coding
+  // agent, minutes for a chat), so the policy measures it.
+  double session_idle_s = 0;
+  double idle_gap_quantile = 0.95;
 
   absl::Status Validate() const {
     if (instances == 0 || instances > kMaxWorkers) {
@@ -109,6 +139,20 @@ struct AffinityPolicyOptions {
     }
     if (max_bindings == 0) {
       return absl::InvalidArgumentError("AffinityPolicyOptions.max_bindings must be >= 1");
+    }
+    if (hot_prefill_tokens == 0) {
+      return absl::InvalidArgumentError("AffinityPolicyOptions.hot_prefill_tokens must be >= 1");
+    }
+    if (!(migration_cooldown_s >= 0) || !std::isfinite(migration_cooldown_s) ||
+        !(session_idle_s >= 0) || !std::isfinite(session_idle_s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions: migration_cooldown_s and session_idle_s must be finite and "
+          ">= 0 (got ",
+          migration_cooldown_s, " and ", session_idle_s, ")"));
+    }
+    if (!(idle_gap_quantile > 0 && idle_gap_quantile < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.idle_gap_quantile must be in (0, 1), got ", idle_gap_quantile));
     }
     return absl::OkStatus();
   }
@@ -136,6 +180,61 @@ inline WorkerId RendezvousInstance(SessionId session, uint32_t instances) {
   return best;
 }
 
+// A streaming quantile of gaps in seconds: a histogram with buckets 2^(1/4)
+// apart from 1 ms to about a day, so a quantile is within 19% of the truth
+// in constant memory.
+class GapHistogram {
+ public:
+  void Add(double seconds) {
+    if (!(seconds >= 0) || !std::isfinite(seconds)) return;
+    ++buckets_[Bucket(seconds)];
+    ++count_;
+  }
+  uint64_t count() const { return count_; }
+  // The upper edge of the bucket holding the q-quantile.
+  double Quantile(double q) const {
+    const auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(count_)));
+    uint64_t seen = 0;
+    for (size_t i = 0; i < kBuckets; ++i) {
+      seen += buckets_[i];
+      if (seen >= rank && seen > 0) return Edge(i);
+    }
+    return Edge(kBuckets - 1);
+  }
+
+ private:
+  static constexpr size_t kBuckets = 112;  // 1 ms * 2^(112/4) ~ 74 hours
+  static size_t Bucket(double seconds) {
+    if (seconds <= 1e-3) return 0;
+    const double b = std::ceil(4.0 * std::log2(seconds / 1e-3));
+    return static_cast<size_t>(std::min<double>(b, kBuckets - 1));
+  }
+  static double Edge(size_t bucket) { return 1e-3 * std::exp2(static_cast<double>(bucket) / 4.0); }
+
+  std::array<uint64_t, kBuckets> buckets_{};
+  uint64_t count_ = 0;
+};
+
+// Why PlanMigration moves a session.
+enum class MigrationTrigger : uint8_t {
+  // The bound instance's pending prefill tokens exceed hot_prefill_tokens.
+  kHotPrefill,
+  // The live contexts bound to the instance exceed its KV capacity.
+  kMemory,
+};
+
+// A decision to move one session's KV between instances before its next
+// turn runs. The gateway moves the KV with its own mover (a KV connector,
+// Mooncake's transfer engine) and then serves the turn on `to`.
+struct MigrationPlan {
+  SessionId session = 0;
+  WorkerId from = kNoWorker;
+  WorkerId to = kNoWorker;
+  // The session's context as the policy knows it: the KV to move, tokens.
+  uint64_t context_tokens = 0;
+  MigrationTrigger trigger = MigrationTrigger::kHotPrefill;
+};
+
 class AffinityPolicy final : public RoutingPolicy {
  public:
   static absl::StatusOr<std::unique_ptr<AffinityPolicy>> Create(const AffinityPolicyOptions& options) {
@@ -155,28 +254,122 @@ class AffinityPolicy final : public RoutingPolicy {
           " prefill workers, the cluster has ", cluster.num_instances(), " and ",
           cluster.num_prefill_workers()));
     }
-    const WorkerId chosen = Choose(request, cluster);
-    estimate_.Learn(chosen, request.request.session, request.input_hashes);
-    Bind(request.request.session, chosen);
-    return CachePlacement(request, chosen,
-                          options_.topology == Topology::kDisaggregated ? ChoosePrefill(cluster)
-                                                                        : kNoWorker);
+    const SessionId session = request.request.session;
+    const double now = cluster.now_s();
+    if (options_.rule == AffinityRule::kEar) {
+      if (auto it = bindings_.find(session); it != bindings_.end() && it->second.in_flight == 0) {
+        gaps_.Add(now - it->second.last_active_s);
+      }
+    }
+    ExpireIdle(now);
+    WorkerId chosen = kNoWorker;
+    WorkerId migrate_from = kNoWorker;
+    if (options_.rule == AffinityRule::kEar) {
+      if (std::optional<MigrationPlan> plan = PlanMigration(request, cluster)) {
+        chosen = plan->to;
+        migrate_from = plan->from;
+        estimate_.ForgetSession(plan->from, session);
+        ++migrations_;
+      } else {
+        const WorkerId bound = binding(session);
+        chosen = bound != kNoWorker ? bound : PlaceNewSession(request, cluster);
+      }
+    } else {
+      chosen = Choose(request, cluster);
+    }
+    estimate_.Learn(chosen, session, request.input_hashes);
+    Bind(session, chosen);
+    if (options_.rule == AffinityRule::kEar) {
+      Binding& b = bindings_.find(session)->second;
+      if (migrate_from != kNoWorker) b.migrated_at_s = now;
+      ++b.in_flight;
+      Track(session, b, std::max(b.context_tokens, request.input_tokens), now);
+    }
+    Placement placement =
+        CachePlacement(request, chosen,
+                       options_.topology == Topology::kDisaggregated ? ChoosePrefill(cluster)
+                                                                     : kNoWorker);
+    placement.migrate_from = migrate_from;
+    return placement;
   }
 
   void OnFinished(const PolicyRequest& request, const Placement& placement,
                   ClusterView& cluster) override {
-    (void)cluster;
-    if (placement.instance < options_.instances &&
-        request.context_hashes.size() >= request.input_hashes.size()) {
+    if (placement.instance >= options_.instances) return;
+    if (request.context_hashes.size() >= request.input_hashes.size()) {
       estimate_.Learn(placement.instance, request.request.session, request.context_hashes);
     }
+    if (options_.rule != AffinityRule::kEar) return;
+    auto it = bindings_.find(request.request.session);
+    if (it == bindings_.end() || it->second.instance != placement.instance) return;
+    Binding& b = it->second;
+    if (b.in_flight > 0) --b.in_flight;
+    const uint64_t context = std::max<uint64_t>(
+        request.input_tokens, uint64_t{request.context_hashes.size()} * options_.block_tokens);
+    Track(request.request.session, b, context, cluster.now_s());
   }
 
-  // The instance a session is bound to (unified and sticky), or kNoWorker.
+  // ear's migration step for the next turn of `request`'s session, without
+  // changing anything (Place commits it). A session moves only when
+  //  - it is bound and has no request running (never mid-request),
+  //  - it has not moved within migration_cooldown_s,
+  //  - its instance is hot: pending prefill above hot_prefill_tokens, or
+  //    (memory_trigger) the live contexts bound there above K_d,
+  //  - some other instance can hold its input beside the live contexts
+  //    bound there and stays cool after taking the turn (pending prefill +
+  //    the turn's new tokens at most hot_prefill_tokens / 2).
+  // The target is the lightest such instance by observable pending prefill
+  // tokens (then running requests, then id). Otherwise the binding stays:
+  // migration is opportunistic, never forced. The half threshold is the
+  // hysteresis that keeps two instances from trading a session back and
+  // forth; the cooldown bounds moves per session whatever the load does.
+  std::optional<MigrationPlan> PlanMigration(const PolicyRequest& request,
+                                             const ClusterView& cluster) const {
+    if (options_.rule != AffinityRule::kEar) return std::nullopt;
+    auto it = bindings_.find(request.request.session);
+    if (it == bindings_.end()) return std::nullopt;
+    const Binding& b = it->second;
+    if (b.in_flight > 0 || b.instance >= options_.instances) return std::nullopt;
+    const double now = cluster.now_s();
+    if (now - b.migrated_at_s < options_.migration_cooldown_s) return std::nullopt;
+    const InstanceLoad home = cluster.instance_load(b.instance);
+    const uint64_t capacity = options_.kv_capacity_tokens;
+    const bool prefill_hot = home.pending_prefill_tokens > options_.hot_prefill_tokens;
+    const bool memory_hot =
+        options_.memory_trigger && capacity > 0 && committed_[b.instance] > capacity;
+    if (!prefill_hot && !memory_hot) return std::nullopt;
+    const uint64_t need = std::max(request.input_tokens, b.context_tokens);
+    const uint64_t cool = options_.hot_prefill_tokens / 2;
+    WorkerId best = kNoWorker;
+    InstanceLoad best_load;
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      if (d == b.instance) continue;
+      if (capacity > 0 && committed_[d] + need > capacity) continue;
+      const InstanceLoad load = cluster.instance_load(d);
+      if (load.pending_prefill_tokens + request.request.append_tokens > cool) continue;
+      if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
+          (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
+           load.running_requests < best_load.running_requests)) {
+        best = d;
+        best_load = load;
+      }
+    }
+    if (best == kNoWorker) return std::nullopt;
+    return MigrationPlan{request.request.session, b.instance, best, b.context_tokens,
+                         prefill_hot ? MigrationTrigger::kHotPrefill : MigrationTrigger::kMemory};
+  }
+
+  // The instance a session is bound to (unified, ear and sticky), or kNoWorker.
   WorkerId binding(SessionId session) const {
     auto it = bindings_.find(session);
     return it == bindings_.end() ? kNoWorker : it->second.instance;
   }
+  // ear: tokens of live session contexts bound to `instance`.
+  uint64_t committed_tokens(WorkerId instance) const {
+    return instance < committed_.size() ? committed_[instance] : 0;
+  }
+  // ear: migrations planned and committed so far.
+  uint64_t migrations() const { return migrations_; }
   // Tokens of `hashes` the policy believes `instance` caches.
   uint64_t EstimatedHitTokens(WorkerId instance, std::span<const BlockHash> hashes) {
     estimate_.Overlap(hashes, overlap_);
@@ -189,7 +382,20 @@ class AffinityPolicy final : public RoutingPolicy {
         name_(std::string(AffinityRuleName(options.rule)) +
               (options.topology == Topology::kDisaggregated ? "-pd" : "")),
         estimate_(options.instances, options.kv_capacity_tokens, options.block_tokens),
-        overlap_(options.instances, 0) {}
+        overlap_(options.instances, 0),
+        committed_(options.instances, 0) {}
+
+  struct Binding {
+    WorkerId instance = kNoWorker;
+    uint64_t stamp = 0;
+    // ear: the session's context (its KV on `instance`), what of it counts
+    // in committed_ (0 once idle), its last activity and last move.
+    uint64_t context_tokens = 0;
+    uint64_t counted_tokens = 0;
+    double last_active_s = 0;
+    double migrated_at_s = -std::numeric_limits<double>::infinity();
+    uint32_t in_flight = 0;
+  };
 
   WorkerId Choose(const PolicyRequest& request, ClusterView& cluster) {
     const uint32_t n = options_.instances;
@@ -207,40 +413,77 @@ class AffinityPolicy final : public RoutingPolicy {
       case AffinityRule::kSticky:
         return RendezvousInstance(request.request.session, n);
       case AffinityRule::kLMetric:
-        return LMetric(request, cluster);
-      case AffinityRule::kUnified: {
+        return LMetric(request, cluster, /*need_fit=*/false);
+      case AffinityRule::kUnified:
+      case AffinityRule::kEar: {
         const WorkerId bound = binding(request.request.session);
         if (bound != kNoWorker) return bound;
-        estimate_.Overlap(request.input_hashes, overlap_);
-        WorkerId best_cache = 0;
-        for (WorkerId d = 1; d < n; ++d) {
-          if (overlap_[d] > overlap_[best_cache]) best_cache = d;
+        if (const WorkerId cached = HighCacheInstance(request, /*need_fit=*/false);
+            cached != kNoWorker) {
+          return cached;
         }
-        const double cached = static_cast<double>(uint64_t{overlap_[best_cache]} * options_.block_tokens);
-        if (request.input_tokens > 0 &&
-            cached > options_.high_cache_fraction * static_cast<double>(request.input_tokens)) {
-          return best_cache;
-        }
-        return LMetric(request, cluster);
+        return LMetric(request, cluster, /*need_fit=*/false);
       }
     }
     return 0;
   }
 
-  // argmin (pending prefill + uncached input) x running requests; ties: the
-  // smaller prefill term, then the lowest id.
-  WorkerId LMetric(const PolicyRequest& request, ClusterView& cluster) {
+  // ear's first placement: unified's rule among the instances that can hold
+  // the input beside the live contexts bound there; when none can, the
+  // instance with the most room left.
+  WorkerId PlaceNewSession(const PolicyRequest& request, ClusterView& cluster) {
+    if (options_.kv_capacity_tokens == 0 || !options_.memory_trigger) {
+      return Choose(request, cluster);
+    }
+    if (const WorkerId cached = HighCacheInstance(request, /*need_fit=*/true);
+        cached != kNoWorker) {
+      return cached;
+    }
+    const WorkerId fit = LMetric(request, cluster, /*need_fit=*/true);
+    if (fit != kNoWorker) return fit;
+    WorkerId roomiest = 0;
+    for (WorkerId d = 1; d < options_.instances; ++d) {
+      if (committed_[d] < committed_[roomiest]) roomiest = d;
+    }
+    return roomiest;
+  }
+
+  bool Fits(WorkerId d, uint64_t tokens) const {
+    return options_.kv_capacity_tokens == 0 || committed_[d] + tokens <= options_.kv_capacity_tokens;
+  }
+
+  // The instance caching more than high_cache_fraction of the input, if any.
+  WorkerId HighCacheInstance(const PolicyRequest& request, bool need_fit) {
     estimate_.Overlap(request.input_hashes, overlap_);
-    WorkerId best = 0;
+    WorkerId best = kNoWorker;
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      if (need_fit && !Fits(d, request.input_tokens)) continue;
+      if (best == kNoWorker || overlap_[d] > overlap_[best]) best = d;
+    }
+    if (best == kNoWorker || request.input_tokens == 0) return kNoWorker;
+    const double cached = static_cast<double>(uint64_t{overlap_[best]} * options_.block_tokens);
+    return cached > options_.high_cache_fraction * static_cast<double>(request.input_tokens)
+               ? best
+               : kNoWorker;
+  }
+
+  // argmin (pending prefill + uncached input) x running requests; ties: the
+  // smaller prefill term, then the lowest id. With `need_fit`, only
+  // instances that can hold the input (kNoWorker when none can).
+  WorkerId LMetric(const PolicyRequest& request, ClusterView& cluster, bool need_fit) {
+    estimate_.Overlap(request.input_hashes, overlap_);
+    WorkerId best = kNoWorker;
     LMetricScore best_score = 0;
     uint64_t best_prefill = 0;
     for (WorkerId d = 0; d < options_.instances; ++d) {
+      if (need_fit && !Fits(d, request.input_tokens)) continue;
       const InstanceLoad load = cluster.instance_load(d);
       const uint64_t hit = std::min<uint64_t>(request.input_tokens,
                                               uint64_t{overlap_[d]} * options_.block_tokens);
       const uint64_t prefill = load.pending_prefill_tokens + (request.input_tokens - hit);
       const LMetricScore score = static_cast<LMetricScore>(prefill) * load.running_requests;
-      if (d == 0 || score < best_score || (score == best_score && prefill < best_prefill)) {
+      if (best == kNoWorker || score < best_score ||
+          (score == best_score && prefill < best_prefill)) {
         best = d;
         best_score = score;
         best_prefill = prefill;
@@ -264,19 +507,68 @@ class AffinityPolicy final : public RoutingPolicy {
     return best;
   }
 
+  // ear: the session's context is now `context` tokens, bound to
+  // b.instance, active at `now`.
+  void Track(SessionId session, Binding& b, uint64_t context, double now) {
+    Uncount(b);
+    b.context_tokens = context;
+    b.counted_tokens = context;
+    committed_[b.instance] += context;
+    b.last_active_s = now;
+    idle_queue_.emplace_back(now, session);
+  }
+
+  void Uncount(Binding& b) {
+    if (b.instance < committed_.size()) committed_[b.instance] -= b.counted_tokens;
+    b.counted_tokens = 0;
+  }
+
+  // How long a session may be idle and still count (see session_idle_s).
+  double IdleSeconds() const {
+    if (options_.session_idle_s > 0) return options_.session_idle_s;
+    return gaps_.count() == 0 ? 60.0 : std::max(1.0, gaps_.Quantile(options_.idle_gap_quantile));
+  }
+
+  // Sessions idle longer than IdleSeconds() stop counting against their instance.
+  void ExpireIdle(double now) {
+    const double idle = IdleSeconds();
+    while (!idle_queue_.empty() && idle_queue_.front().first + idle <= now) {
+      const auto [at, session] = idle_queue_.front();
+      idle_queue_.pop_front();
+      auto it = bindings_.find(session);
+      if (it == bindings_.end()) continue;
+      Binding& b = it->second;
+      if (b.last_active_s == at && b.in_flight == 0) Uncount(b);
+    }
+  }
+
   void Bind(SessionId session, WorkerId instance) {
-    if (options_.rule != AffinityRule::kUnified && options_.rule != AffinityRule::kSticky) return;
-    auto [it, inserted] = bindings_.try_emplace(session, Binding{instance, ++clock_});
-    if (!inserted) {
-      it->second = Binding{instance, ++clock_};
+    if (options_.rule != AffinityRule::kUnified && options_.rule != AffinityRule::kSticky &&
+        options_.rule != AffinityRule::kEar) {
       return;
     }
+    auto [it, inserted] = bindings_.try_emplace(session, Binding{});
+    if (!inserted) {
+      // A move: the context's memory goes with it.
+      if (it->second.instance != instance) {
+        const uint64_t counted = it->second.counted_tokens;
+        Uncount(it->second);
+        it->second.instance = instance;
+        it->second.counted_tokens = counted;
+        committed_[instance] += counted;
+      }
+      it->second.stamp = ++clock_;
+      return;
+    }
+    it->second.instance = instance;
+    it->second.stamp = ++clock_;
     order_.push_back({session, it->second.stamp});
     // Forget the oldest bindings beyond the bound (lazy queue of stamps).
     while (bindings_.size() > options_.max_bindings && head_ < order_.size()) {
       const auto [old, stamp] = order_[head_++];
       auto jt = bindings_.find(old);
       if (jt != bindings_.end() && jt->second.stamp == stamp) {
+        Uncount(jt->second);
         bindings_.erase(jt);
       } else if (jt != bindings_.end()) {
         order_.push_back({old, jt->second.stamp});
@@ -288,11 +580,6 @@ class AffinityPolicy final : public RoutingPolicy {
     }
   }
 
-  struct Binding {
-    WorkerId instance = kNoWorker;
-    uint64_t stamp = 0;
-  };
-
   AffinityPolicyOptions options_;
   std::string name_;
   EstimateIndex estimate_;
@@ -301,6 +588,11 @@ class AffinityPolicy final : public RoutingPolicy {
   std::vector<std::pair<SessionId, uint64_t>> order_;
   size_t head_ = 0;
   uint64_t clock_ = 0;
+  // ear: live context tokens bound to each instance; activity in time order.
+  std::vector<uint64_t> committed_;
+  std::deque<std::pair<double, SessionId>> idle_queue_;
+  GapHistogram gaps_;
+  uint64_t migrations_ = 0;
 };
 
 }  // namespace kvc_router::policy

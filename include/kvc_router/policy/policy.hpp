@@ -1,7 +1,8 @@
 // kvc_router/policy/policy.hpp
 //
 // One interface for routing policies a gateway can run and a simulator can
-// compare: the KVC-Router (kvc_policy.hpp) and, later, the EAR family. The
+// compare: the KVC-Router (kvc_policy.hpp) and the EAR family
+// (affinity_policies.hpp). The
 // trace-replay simulator (sim/, target kvc_router::sim) drives policies only
 // through this interface and adds its own baselines (vanilla P/D, SGLang-style
 // P/D and cache-aware data parallelism) beside them; nothing here depends on
@@ -165,10 +166,9 @@ struct Placement {
   // Admission RPCs made (each costs a round trip) and their rejections.
   uint32_t admit_attempts = 0;
   std::array<uint32_t, kNumRejectReasons> rejections{};
-  // Session migration (EAR): move the session's KV from this instance to
-  // `instance` before serving. kNoWorker: no migration. Reserved for the EAR
-  // policies; the simulator refuses placements that set it until migration
-  // is modelled.
+  // Session migration (ear): the gateway moves the session's KV from this
+  // instance to `instance` with its own KV mover, then serves the request
+  // there. kNoWorker: no migration. Only for Booking::kSession.
   WorkerId migrate_from = kNoWorker;
 };
 

@@ -84,6 +84,10 @@ struct PolicyResult {
   // Later turns placed (session-aware) on another instance than the one that
   // served the session's previous session-aware turn.
   uint64_t migrations = 0;
+  // Of those, moves whose KV the policy migrated (Placement::migrate_from),
+  // and the tokens of KV moved between instances.
+  uint64_t kv_migrations = 0;
+  uint64_t kv_migrated_tokens = 0;
   // Sessions evicted from admission pools (KVC), and pages evicted from page
   // caches (every other policy; prefill workers included).
   uint64_t evictions = 0;

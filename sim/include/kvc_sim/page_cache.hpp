@@ -177,6 +177,22 @@ class PageCache {
     MaybeCompact();
   }
 
+  // The session that kept `chain` moved elsewhere (its KV was migrated):
+  // its unpinned pages become the least recently used, deepest first, so
+  // they are the first to go when room is needed. Pages other requests are
+  // using stay as they are; a shared prefix another session touches again
+  // becomes young again.
+  void Demote(std::span<const BlockHash> chain) {
+    if (!enabled_) return;
+    for (BlockHash h : chain) {
+      auto it = pages_.find(h);
+      if (it == pages_.end() || it->second.pins != 0) continue;
+      it->second.tick = 0;
+      lru_.push_back(LruEntry{0, it->second.depth, h});
+      std::push_heap(lru_.begin(), lru_.end(), Younger);
+    }
+  }
+
   uint64_t used_tokens() const { return cached_tokens_ + reserved_tokens_; }
   uint64_t cached_tokens() const { return cached_tokens_; }
   uint64_t capacity_tokens() const { return capacity_tokens_; }

@@ -179,6 +179,8 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["rejections"] = std::move(rejections);
   j["admit_attempts"] = p.admit_attempts;
   j["migrations"] = p.migrations;
+  j["kv_migrations"] = p.kv_migrations;
+  j["kv_migrated_tokens"] = p.kv_migrated_tokens;
   j["evictions"] = p.evictions;
   j["evicted_pages"] = p.evicted_pages;
   j["memory_waits"] = p.memory_waits;

@@ -19,7 +19,9 @@
 //     -> KV booking on its instance: the whole footprint is booked before the
 //        request runs (admission already booked it for KVC; other policies
 //        wait here for memory, FIFO); a request larger than the pool is
-//        refused and counted, never run unbooked
+//        refused and counted, never run unbooked; a migrating session's KV
+//        then moves from its old instance over the new one's inbound link
+//        (Placement::migrate_from), and the request waits for it
 //     -> prefill: on a P worker (what its prefix cache lacks) then a KV
 //        transfer to the decode worker over its inbound link (what the decode
 //        worker lacks, or everything for vanilla P/D), or on the instance's
@@ -676,7 +678,13 @@ class Simulator final : public policy::ClusterView {
     };
     if (p.instance >= instances_.size()) return bad("no such instance");
     if (p.prefill != kNoWorker && p.prefill >= prefills_.size()) return bad("no such prefill worker");
-    if (p.migrate_from != kNoWorker) return bad("session migration is not simulated yet");
+    if (p.migrate_from != kNoWorker) {
+      if (p.migrate_from >= instances_.size()) return bad("migration from no such instance");
+      if (p.migrate_from == p.instance) return bad("migration onto the same instance");
+      if (p.booking != policy::Booking::kSession) {
+        return bad("migration of a session the instance does not keep in its cache");
+      }
+    }
     if (p.booking == policy::Booking::kAdmitted) {
       if (f.admitted_on != p.instance) return bad("admitted placement the instance never admitted");
       if (p.mode == DecisionMode::kFallback) return bad("admitted placement in mode fallback");
@@ -736,9 +744,36 @@ class Simulator final : public policy::ClusterView {
     // decides what need not be sent.
     f.instance_hit = f.placement.prefill != kNoWorker ? gpu_hit : gpu_hit + host_hit;
     f.instance_host_hit = f.placement.prefill != kNoWorker ? 0 : host_hit;
+    if (f.placement.migrate_from != kNoWorker) MigrateSession(f, d, gpu_hit);
     if (!f.transient) f.placement.mode = Classify(t, f.instance_hit);
     NotePeak(inst);
     return true;
+  }
+
+  // Session migration, once `f` is booked on `d`: what the source instance
+  // holds of the request's prefix (GPU pages and the session's tail) moves
+  // over `d`'s inbound link, which the request waits for; the moved KV then
+  // counts as held on `d` (its pages are inside the request's reservation
+  // and published with its prompt). The source's copy becomes the first
+  // thing its LRU evicts.
+  void MigrateSession(Flight& f, WorkerId d, uint64_t held_on_target) {
+    const TraceTurn& t = trace_.turns[f.turn];
+    SimInstance& source = instances_[f.placement.migrate_from];
+    const PageCache::Match there =
+        source.pages.Lookup(f.request.input_hashes, t.reusable_tokens, Owner(t));
+    const uint64_t moved = std::min<uint64_t>(
+        t.input_tokens, uint64_t{there.gpu_blocks} * trace_.block_tokens + there.tail_tokens);
+    source.pages.Demote(f.request.input_hashes);
+    ++result_.kv_migrations;
+    if (moved <= held_on_target) return;
+    const uint64_t tokens = moved - held_on_target;
+    f.instance_hit = std::max(f.instance_hit, moved);
+    SimInstance& target = instances_[d];
+    const double start = std::max(now_, target.link_free_at);
+    target.link_free_at = start + config_.cost.TransferSeconds(tokens);
+    f.ready_s = std::max(f.ready_s, target.link_free_at);
+    result_.kv_migrated_tokens += tokens;
+    result_.kv_transfer_bytes += tokens * config_.cost.kv_bytes_per_token;
   }
 
   // Who left a context in a page cache: tails are only reused by their session.

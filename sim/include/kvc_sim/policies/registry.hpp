@@ -48,6 +48,10 @@ struct PolicySetup {
   bool kv_events = false;
   // The cache-aware baselines (dp, pd-sglang).
   CacheAwareOptions cache_aware = CacheAwareOptions::Launcher();
+  // The EAR family's knobs (high-cache fraction, ear's migration triggers,
+  // cooldown, idle time); rule, topology, pools, block size and K_d are set
+  // per policy.
+  policy::AffinityPolicyOptions affinity;
 };
 
 struct MadePolicy {
@@ -81,10 +85,13 @@ inline const std::vector<PolicyInfo>& ListPolicies() {
       {"sticky", Topology::kColocated, "EAR: rendezvous hashing of the session"},
       {"unified", Topology::kColocated,
        "EAR: new sessions by LMetric or a high cache hit, later turns follow the binding"},
+      {"ear", Topology::kColocated,
+       "EAR: unified + session KV migration off hot instances (pending prefill or memory)"},
       {"load-only-pd", Topology::kDisaggregated, "load-only choosing the decode worker"},
       {"lmetric-pd", Topology::kDisaggregated, "lmetric choosing the decode worker"},
       {"sticky-pd", Topology::kDisaggregated, "sticky choosing the decode worker"},
       {"unified-pd", Topology::kDisaggregated, "unified choosing the decode worker"},
+      {"ear-pd", Topology::kDisaggregated, "ear choosing and migrating between decode workers"},
   };
   return kPolicies;
 }
@@ -137,10 +144,11 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
   }
   for (const policy::AffinityRule rule :
        {policy::AffinityRule::kLoadOnly, policy::AffinityRule::kLMetric,
-        policy::AffinityRule::kSticky, policy::AffinityRule::kUnified}) {
+        policy::AffinityRule::kSticky, policy::AffinityRule::kUnified,
+        policy::AffinityRule::kEar}) {
     const std::string base(policy::AffinityRuleName(rule));
     if (name != base && name != base + "-pd") continue;
-    policy::AffinityPolicyOptions options;
+    policy::AffinityPolicyOptions options = setup.affinity;
     options.rule = rule;
     options.topology =
         name == base ? policy::Topology::kColocated : policy::Topology::kDisaggregated;
