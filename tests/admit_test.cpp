@@ -2,7 +2,9 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 
+#include "kvc_router/detail/splitmix.hpp"
 #include "test_support.hpp"
 
 namespace kvc_router {
@@ -143,6 +145,97 @@ TEST_CASE("Evaluate decides like Admit without booking", "[admit]") {
   CHECK(result->admitted);
   CHECK(d.num_sessions() == 0);
   CHECK(d.used_tokens() == 0);
+}
+
+
+TEST_CASE("the cost rule serves an append Direct unless the queue makes a reseed faster",
+          "[admit][adaptive]") {
+  AdmissionConfig config;
+  config.capacity_tokens = 1'000'000;
+  config.max_direct_append_tokens = ~uint64_t{0};
+  config.accounting = CapacityAccounting::kIncremental;
+  config.direct_cost.enabled = true;
+  auto d = AdmissionController::Create(config);
+  REQUIRE(d.ok());
+  REQUIRE(d->Admit(Query(1, 0, 90'000, 90'000))->admitted);
+  REQUIRE(d->OnRequestFinished(1).ok());
+  // A 30k-token append (far past the seed's tau_append of 8192) on an idle
+  // worker: always cheaper than recomputing 120k tokens and moving them.
+  const DirectCostModel& cost = config.direct_cost;
+  CHECK(cost.DirectSeconds(30'000, 120'000, 0) < cost.ReseedSeconds(120'000));
+  auto big = d->Admit(Query(1, 1, 30'000, 120'000));
+  REQUIRE(big.ok());
+  CHECK(big->admitted);
+  CHECK(big->mode == DecisionMode::kDirect);
+  REQUIRE(d->OnRequestFinished(1).ok());
+  // Behind a queue longer than a reseed takes, the same kind of append is refused.
+  const double reseed = cost.ReseedSeconds(125'000);
+  const auto queued = static_cast<uint64_t>(reseed / cost.prefill_per_token_s) + 1;
+  d->set_queued_prefill_tokens(queued);
+  auto refused = d->Admit(Query(1, 2, 5'000, 125'000));
+  REQUIRE(refused.ok());
+  CHECK_FALSE(refused->admitted);
+  CHECK(refused->reason == RejectReason::kRealLargeAppend);
+  CHECK(d->resident_tokens(1) == 120'000);  // nothing changed
+  d->set_queued_prefill_tokens(0);
+  CHECK(d->Admit(Query(1, 2, 5'000, 125'000))->admitted);
+  // tau_append stays a hard cap on top of the rule.
+  config.max_direct_append_tokens = 1000;
+  auto capped = AdmissionController::Create(config);
+  REQUIRE(capped.ok());
+  REQUIRE(capped->Admit(Query(2, 0, 500, 500))->admitted);
+  CHECK(capped->Admit(Query(2, 1, 1001, 1501))->reason == RejectReason::kRealLargeAppend);
+  // Bad cost figures are refused.
+  config.direct_cost.prefill_attention_s = -1;
+  CHECK_THAT(test::Message(AdmissionController::Create(config).status()),
+             Catch::Contains("DirectCostModel"));
+}
+
+TEST_CASE("the cost rule never admits past rho * K_d (property)", "[admit][adaptive][property]") {
+  const uint64_t seed = test::PropertySeed();
+  kvc_router::detail::SplitMix64 rng(seed);
+  for (int scenario = 0; scenario < 300; ++scenario) {
+    AdmissionConfig config;
+    config.capacity_tokens = 1000 + rng.Next() % 200'000;
+    config.high_water = 0.5 + static_cast<double>(rng.Next() % 50) / 100.0;
+    config.max_direct_append_tokens = rng.Next() % 2 == 0 ? ~uint64_t{0} : rng.Next() % 20'000;
+    config.accounting = rng.Next() % 2 == 0 ? CapacityAccounting::kIncremental
+                                            : CapacityAccounting::kConservative;
+    config.direct_cost.enabled = true;
+    auto d = AdmissionController::Create(config);
+    REQUIRE(d.ok());
+    std::vector<uint64_t> inputs(8, 0);
+    for (int step = 0; step < 200; ++step) {
+      INFO("seed " << seed << " scenario " << scenario << " step " << step);
+      const SessionId s = rng.Next() % inputs.size();
+      const uint64_t append = 1 + rng.Next() % (config.capacity_tokens / 2);
+      d->set_queued_prefill_tokens(rng.Next() % 100'000);
+      auto r = d->Admit(Query(s, inputs[s] == 0 ? 0 : 1, append, inputs[s] + append));
+      REQUIRE(r.ok());
+      if (r->admitted) {
+        inputs[s] += append;
+        REQUIRE(d->OnRequestFinished(s).ok());
+      }
+      CHECK(d->used_tokens() <= d->budget_tokens());
+      CHECK(r->room_tokens <= d->budget_tokens());
+      if (rng.Next() % 5 == 0) (void)d->EvictLeastRecentlyUsed(rng.Next() % config.capacity_tokens);
+      for (SessionId x = 0; x < inputs.size(); ++x) {
+        if (!d->IsResident(x)) inputs[x] = 0;
+      }
+    }
+  }
+}
+
+TEST_CASE("the answer carries the room an admission could still take", "[admit][adaptive]") {
+  AdmissionController d = Make(1000, 0.9);  // budget 900
+  auto a = d.Admit(Query(1, 0, 300, 300));
+  REQUIRE(a->admitted);
+  CHECK(a->room_tokens == 600);  // session 1 is running
+  REQUIRE(d.OnRequestFinished(1).ok());
+  CHECK(d.room_tokens() == 900);  // idle sessions are reclaimable
+  auto b = d.Admit(Query(2, 0, 700, 700));
+  REQUIRE_FALSE(b->admitted);  // 300 + 700 > 900 without eviction
+  CHECK(b->room_tokens == 900);
 }
 
 }  // namespace

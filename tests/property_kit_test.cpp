@@ -26,8 +26,9 @@ PropertyOptions Options() {
 }
 
 template <class Index, class Make>
-void RunEveryProperty(Make make) {
-  const PropertyOptions options = Options();
+void RunEveryProperty(Make make, bool adaptive = false) {
+  PropertyOptions options = Options();
+  options.adaptive = adaptive;
   INFO("seed " << options.seed << ", " << options.scenarios << " scenarios per property");
   SECTION("Theorem 1: no starvation") {
     const absl::Status s = testing::CheckStarvationFreedom<Index>(make, options);
@@ -72,6 +73,12 @@ TEST_CASE("property kit over the naive index", "[property][kit]") {
 
 TEST_CASE("property kit over the estimate index", "[property][kit]") {
   RunEveryProperty<EstimateIndex>(&test::MakeEstimateIndex);
+}
+
+// kvc-adaptive's Route (place_by_room) and workers (the cost rule) keep every
+// guarantee the seed's algorithms have.
+TEST_CASE("property kit over kvc-adaptive's Route and admission", "[property][kit][adaptive]") {
+  RunEveryProperty<NaiveIndex>(&test::MakeNaiveIndex, /*adaptive=*/true);
 }
 
 // Claims worker 0 holds more of every prefix than it could.

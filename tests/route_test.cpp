@@ -132,5 +132,98 @@ TEST_CASE("Route reads the state's index, pins and loads without changing them",
   CHECK((*state)->total_inflight() == 0);
 }
 
+
+TEST_CASE("place_by_room: a session with no residency goes where its input fits",
+          "[route][adaptive]") {
+  Arrays a(4);
+  a.inflight = {0, 1, 2, 0};
+  std::vector<uint64_t> room = {100, 5000, 5000, 900};
+  RouteInputs in = a.Inputs();
+  in.room = room;
+  in.input_tokens = 1000;
+  // Fits on 1 and 2 only; 1 has fewer in flight. The seed's order would take 0.
+  CHECK(SelectDecodeWorker(in) == RouteChoice{1, false});
+  RouteInputs seed = a.Inputs();
+  CHECK(SelectDecodeWorker(seed) == RouteChoice{0, false});
+  // Unknown room counts as fitting.
+  room[3] = kUnknownRoomTokens;
+  CHECK(SelectDecodeWorker(in) == RouteChoice{3, false});
+  // Nothing fits: fewest in flight, then the most room.
+  room = {100, 500, 500, 200};
+  a.inflight = {1, 0, 0, 1};
+  in = a.Inputs();
+  in.room = room;
+  in.input_tokens = 1000;
+  CHECK(SelectDecodeWorker(in).worker == 1);
+  // Blacklisted and tried workers stay out, as in the seed's order.
+  a.rejects = {0, 3, 0, 0};
+  in = a.Inputs();
+  in.room = room;
+  in.input_tokens = 1000;
+  CHECK(SelectDecodeWorker(in).worker == 2);
+}
+
+TEST_CASE("place_by_room: any residency keeps the seed's lexicographic order", "[route][adaptive]") {
+  Arrays a(3);
+  a.overlap = {0, 0, 2};
+  a.inflight = {0, 0, 9};
+  std::vector<uint64_t> room = {1'000'000, 1'000'000, 0};
+  RouteInputs in = a.Inputs(/*pin=*/2);
+  in.room = room;
+  in.input_tokens = 1000;
+  CHECK(SelectDecodeWorker(in) == SelectDecodeWorker(a.Inputs(/*pin=*/2)));
+  CHECK(SelectDecodeWorker(in).worker == 2);
+}
+
+TEST_CASE("place_by_room: the state learns room from admission answers", "[route][adaptive]") {
+  RouterConfig config;
+  config.num_decode_workers = 3;
+  config.num_prefill_workers = 1;
+  config.block_tokens = 10;
+  config.place_by_room = true;
+  auto state = RoutingState<NaiveIndex>::Create(config, test::MakeNaiveIndex(config));
+  REQUIRE(state.ok());
+  CHECK((*state)->learned_room(0) == kUnknownRoomTokens);
+  Request r;
+  r.session = 1;
+  r.append_tokens = 500;
+  auto op = StartDispatch(**state, r);
+  REQUIRE(op.ok());
+  REQUIRE(op->admit_target() == 0);
+  // A capacity rejection without a figure bounds the room below the input.
+  REQUIRE(op->OnAdmitResult(AdmitResult::Rejected(RejectReason::kSessionNotResidentNoCapacity)).ok());
+  CHECK((*state)->learned_room(0) == 499);
+  REQUIRE(op->admit_target() == 1);
+  AdmitResult ok = AdmitResult::Admitted(DecisionMode::kSeed);
+  ok.room_tokens = 7000;
+  REQUIRE(op->OnAdmitResult(ok).ok());
+  CHECK((*state)->learned_room(1) == 7000);
+  REQUIRE(op->Complete().ok());
+  // The next new session skips worker 0, which has no room for it.
+  Request next;
+  next.session = 2;
+  next.append_tokens = 600;
+  CHECK(Route(**state, next).worker == 2);  // 1 and 2 fit; 1 was assigned a session
+  // Evicted from its pinned worker, session 1 loses its pin (and so is
+  // placed by room next time) only under place_by_room.
+  REQUIRE((*state)->pin(1) == 1);
+  REQUIRE((*state)->OnSessionEvicted(0, 1).ok());
+  CHECK((*state)->pin(1) == 1);  // evicted elsewhere: the pin stays
+  REQUIRE((*state)->OnSessionEvicted(1, 1).ok());
+  CHECK((*state)->pin(1) == kNoWorker);
+  // Without place_by_room the seed's order asks 0 first.
+  RouterConfig seed_config = config;
+  seed_config.place_by_room = false;
+  auto seed_state = RoutingState<NaiveIndex>::Create(seed_config, test::MakeNaiveIndex(seed_config));
+  REQUIRE(seed_state.ok());
+  CHECK(Route(**seed_state, next).worker == 0);
+  // ... and an eviction keeps the seed's pin.
+  auto op2 = StartDispatch(**seed_state, r);
+  REQUIRE(op2.ok());
+  REQUIRE(op2->OnAdmitResult(AdmitResult::Admitted(DecisionMode::kSeed)).ok());
+  REQUIRE((*seed_state)->OnSessionEvicted(0, 1).ok());
+  CHECK((*seed_state)->pin(1) == 0);
+}
+
 }  // namespace
 }  // namespace kvc_router

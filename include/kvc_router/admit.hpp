@@ -12,6 +12,9 @@
 //          = used - resident(s) + input_len <= rho * K_d   (kIncremental)
 //   resident session:  Direct if append <= tau_append and cap_ok,
 //                      else "real-large-append" or "no-d-capacity";
+//                      beyond the seed, with direct_cost enabled, also
+//                      "real-large-append" when the append here (after the
+//                      queued prefill) would be slower than a reseed;
 //   otherwise:         Seed (turn 0) or Reseed (turn > 0) if cap_ok,
 //                      else "session-not-resident-no-capacity".
 // An admitted session occupies its whole input from then on; decoding adds
@@ -26,6 +29,7 @@
 //   absl::StatusOr<kvc_router::AdmitResult> result = admit->Admit(query);
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -66,6 +70,12 @@ class AdmissionController {
       if (query.append_tokens > config_.max_direct_append_tokens) {
         return AdmitResult::Rejected(RejectReason::kRealLargeAppend);
       }
+      if (config_.direct_cost.enabled &&
+          config_.direct_cost.DirectSeconds(query.append_tokens, query.input_tokens,
+                                            queued_prefill_tokens_) >
+              config_.direct_cost.ReseedSeconds(query.input_tokens)) {
+        return AdmitResult::Rejected(RejectReason::kRealLargeAppend);
+      }
       if (!cap_ok) return AdmitResult::Rejected(RejectReason::kNoDCapacity);
       return AdmitResult::Admitted(DecisionMode::kDirect);
     }
@@ -75,15 +85,19 @@ class AdmissionController {
   }
 
   // Decides and, when admitted, books the session at its full input and marks
-  // one request of it as running (see `OnRequestFinished`).
+  // one request of it as running (see `OnRequestFinished`). The answer
+  // carries the room left (room_tokens()).
   absl::StatusOr<AdmitResult> Admit(const AdmitQuery& query) {
     absl::StatusOr<AdmitResult> result = Evaluate(query);
-    if (!result.ok() || !result->admitted) return result;
-    Session& session = sessions_[query.session];
-    used_tokens_ = used_tokens_ - session.tokens + query.input_tokens;
-    session.tokens = query.input_tokens;
-    ++session.running;
-    Touch(query.session, session);
+    if (!result.ok()) return result;
+    if (result->admitted) {
+      Session& session = sessions_[query.session];
+      used_tokens_ = used_tokens_ - session.tokens + query.input_tokens;
+      session.tokens = query.input_tokens;
+      ++session.running;
+      Touch(query.session, session);
+    }
+    result->room_tokens = room_tokens();
     return result;
   }
 
@@ -156,6 +170,20 @@ class AdmissionController {
   uint64_t free_tokens() const {
     return used_tokens_ >= budget_tokens_ ? 0 : budget_tokens_ - used_tokens_;
   }
+  // The worker's queued prefill work, tokens (its scheduler keeps it
+  // current); read only by the cost rule (AdmissionConfig::direct_cost).
+  void set_queued_prefill_tokens(uint64_t tokens) { queued_prefill_tokens_ = tokens; }
+
+  // Tokens an admission could still take: the room below rho*K_d plus the
+  // KV of sessions with no running request (what Evict can reclaim).
+  uint64_t room_tokens() const {
+    uint64_t idle = 0;
+    for (const auto& [id, session] : sessions_) {
+      if (session.running == 0) idle += session.tokens;
+    }
+    const uint64_t busy = used_tokens_ - std::min(used_tokens_, idle);
+    return busy >= budget_tokens_ ? 0 : budget_tokens_ - busy;
+  }
   size_t num_sessions() const { return sessions_.size(); }
   const AdmissionConfig& config() const { return config_; }
 
@@ -202,6 +230,7 @@ class AdmissionController {
   uint64_t budget_tokens_;
   uint64_t used_tokens_ = 0;
   uint64_t use_clock_ = 0;
+  uint64_t queued_prefill_tokens_ = 0;
   absl::flat_hash_map<SessionId, Session> sessions_;
   // Use tick -> session, oldest first.
   std::map<uint64_t, SessionId> lru_;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <system_error>
 
@@ -106,6 +107,15 @@ struct RouterConfig {
   absl::Duration session_idle_ttl = absl::Hours(1);
   // Hard bound on remembered sessions; the least recently seen idle ones go first.
   uint64_t max_sessions = uint64_t{1} << 20;
+  // Beyond the seed (off by default): a session with no residency, no pin
+  // and no overlap on any candidate worker (new, forgotten, or evicted where
+  // KV events cleared its pin), is ranked by
+  //   (room >= its input, -inflight, -assigned, room)
+  // instead of Route's 4-tuple, where room is what the workers' admission
+  // answers last reported (AdmitResult::room_tokens; a capacity rejection
+  // without it bounds the room below the rejected input). Sessions with
+  // residency keep Route's order. See docs/policies.md (kvc-adaptive).
+  bool place_by_room = false;
 
   uint32_t effective_max_admit_attempts() const {
     return max_admit_attempts == 0 ? num_decode_workers : max_admit_attempts;
@@ -156,6 +166,51 @@ enum class CapacityAccounting : uint8_t {
   kIncremental,
 };
 
+// Beyond the seed: what a decode worker knows of its own costs, for
+// deciding Direct by cost rather than by tau_append alone. A Direct append
+// waits for the worker's queued prefill and then prefills `append` tokens
+// over the session's `context`; the alternative, a reseed, prefills the
+// whole input elsewhere (assumed idle: the worker cannot see other queues)
+// and moves it here. Prefill(n new, c cached) = n * per_token + n * (c + n/2)
+// * attention, the shape of kvc_sim's cost model.
+struct DirectCostModel {
+  bool enabled = false;
+  double prefill_per_token_s = 40e-6;
+  double prefill_attention_s = 1.5e-9;
+  // KV transfer to this worker per token (0 on colocated instances, where a
+  // reseed prefills in place), plus a fixed setup cost.
+  double transfer_per_token_s = 147456.0 / 22e9;
+  double transfer_setup_s = 0.005;
+
+  double PrefillSeconds(uint64_t new_tokens, uint64_t cached_tokens) const {
+    const double n = static_cast<double>(new_tokens);
+    const double c = static_cast<double>(cached_tokens);
+    return n * prefill_per_token_s + n * (c + n / 2) * prefill_attention_s;
+  }
+  // Seconds of a Direct append after `queued_prefill_tokens` of queued work.
+  double DirectSeconds(uint64_t append, uint64_t input, uint64_t queued_prefill_tokens) const {
+    // Queued work is many requests' prompts: its per-token part is what it
+    // costs for sure (their attention depends on contexts the worker knows
+    // but this figure leaves out, erring toward Direct).
+    return static_cast<double>(queued_prefill_tokens) * prefill_per_token_s +
+           PrefillSeconds(append, input - append);
+  }
+  double ReseedSeconds(uint64_t input) const {
+    return PrefillSeconds(input, 0) + transfer_setup_s +
+           static_cast<double>(input) * transfer_per_token_s;
+  }
+  absl::Status Validate() const {
+    for (double v : {prefill_per_token_s, prefill_attention_s, transfer_per_token_s,
+                     transfer_setup_s}) {
+      if (!(v >= 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(
+            "DirectCostModel: every cost figure must be finite and >= 0");
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
 struct AdmissionConfig {
   // K_d: the worker's KV pool in tokens (SGLang's max_total_num_tokens),
   // 1..kMaxCapacityTokens. The seed's evaluation reported 92,104.
@@ -165,6 +220,10 @@ struct AdmissionConfig {
   // tau_append: largest append served Direct.
   uint64_t max_direct_append_tokens = 8192;
   CapacityAccounting accounting = CapacityAccounting::kConservative;
+  // Beyond the seed (off by default): a resident session's append is served
+  // Direct only when that is no slower than a reseed (DirectCostModel);
+  // tau_append stays a hard cap on top.
+  DirectCostModel direct_cost;
 
   // floor(rho * K_d): the most tokens the pool may hold after an admission.
   // Exact (see detail::ExactFloorOfFraction: rho is the decimal as written,
@@ -189,7 +248,7 @@ struct AdmissionConfig {
           "AdmissionConfig.high_water (rho) must be in (0, 1], got ",
           high_water));
     }
-    return absl::OkStatus();
+    return direct_cost.Validate();
   }
 };
 

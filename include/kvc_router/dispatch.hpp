@@ -25,6 +25,9 @@
 //  - On admission of s on d: rejects[s,d] = 0 (unless v1), pin[s] = d,
 //    inflight[d] += 1, assigned[d] += 1, and the index learns the prefix on d.
 //  - On rejection: rejects[s,d] += 1 and d is not asked again in this Dispatch.
+//  - Every answer's room (AdmitResult::room_tokens) is remembered for d; a
+//    capacity rejection without one bounds d's room below the input. Only
+//    RouterConfig::place_by_room reads it.
 //  - Fallback: round-robin P and D; the fallback decode worker also counts
 //    inflight and assigned, but pin and index are left alone.
 //  - The inflight taken at placement is released exactly once: by
@@ -37,6 +40,7 @@
 // until the op has placed the request.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -148,6 +152,14 @@ class DispatchOp {
     auto& session = detail::StateAccess::TouchSession(*state_, request_.session,
                                                        detail::StateAccess::Now(*state_));
     ++attempts_;
+    auto& room = detail::StateAccess::LearnedRoom(*state_);
+    if (result.room_tokens != kUnknownRoomTokens) {
+      room[target_] = result.room_tokens;
+    } else if (result.reason == RejectReason::kNoDCapacity ||
+               result.reason == RejectReason::kSessionNotResidentNoCapacity) {
+      // No room for this input: at most one token less.
+      room[target_] = std::min(room[target_], query_.input_tokens - (query_.input_tokens > 0));
+    }
     if (result.admitted) {
       if (state_->config().reset_on_success && !session.rejects.empty()) {
         session.rejects[target_] = 0;

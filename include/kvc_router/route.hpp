@@ -11,6 +11,9 @@
 //     compared lexicographically, never folded into one number; the final tie
 //     goes to the lowest worker id, so decisions are deterministic.
 // Route never looks at capacity: that reaches it only through rejections.
+// (Beyond the seed, RouterConfig::place_by_room ranks sessions that have no
+// residency, neither a pin nor overlap on any candidate, by the room the
+// workers reported instead; see RouteInputs::room. Off by default.)
 //
 // `SelectDecodeWorker` is the algorithm over plain arrays (no locks, no
 // index); `Route` applies it to a RoutingState. Both are pure: Route takes the
@@ -52,6 +55,13 @@ struct RouteInputs {
   uint32_t sticky_bonus = 1;            // alpha
   uint32_t reject_threshold = 3;        // tau_reject
   const detail::WorkerMask* tried = nullptr;  // excluded; may be null
+  // place_by_room: the room each worker last reported (kUnknownRoomTokens
+  // when unknown) and the request's input. Empty: the seed's order always.
+  // When the session has no pin and no non-blacklisted candidate has
+  // overlap, candidates are ranked by
+  //   (room >= input_tokens, -inflight, -assigned, room), ties: lowest id.
+  std::span<const uint64_t> room;
+  uint64_t input_tokens = 0;
 };
 
 // Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
@@ -61,6 +71,40 @@ inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
     return d < in.rejects.size() ? in.rejects[d] : 0;
   };
   auto is_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
+
+  // The pin is residency too (a prefix shorter than a block leaves no
+  // overlap): only a session with neither is placed by room.
+  bool by_room = !in.room.empty() && in.pin == kNoWorker;
+  if (by_room) {
+    for (WorkerId d = 0; d < num_workers && by_room; ++d) {
+      if (!is_tried(d) && rejects_on(d) < in.reject_threshold && in.overlap[d] > 0) {
+        by_room = false;
+      }
+    }
+  }
+  if (by_room) {
+    WorkerId best = kNoWorker;
+    std::tuple<bool, int64_t, int64_t, uint64_t> best_key;
+    WorkerId least_rejected = kNoWorker;
+    for (WorkerId d = 0; d < num_workers; ++d) {
+      if (is_tried(d)) continue;
+      const uint32_t rejects = rejects_on(d);
+      if (least_rejected == kNoWorker || rejects < rejects_on(least_rejected)) {
+        least_rejected = d;
+      }
+      if (rejects >= in.reject_threshold) continue;
+      const uint64_t room = d < in.room.size() ? in.room[d] : kUnknownRoomTokens;
+      const std::tuple<bool, int64_t, int64_t, uint64_t> key{
+          room >= in.input_tokens, -static_cast<int64_t>(in.inflight[d]),
+          -static_cast<int64_t>(in.assigned[d]), room};
+      if (best == kNoWorker || key > best_key) {
+        best = d;
+        best_key = key;
+      }
+    }
+    if (best != kNoWorker) return RouteChoice{best, false};
+    return RouteChoice{least_rejected, least_rejected != kNoWorker};
+  }
 
   WorkerId best = kNoWorker;
   // The key is "larger is better" in every component.
@@ -106,6 +150,10 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
   in.sticky_bonus = config.sticky_bonus;
   in.reject_threshold = config.reject_threshold;
   in.tried = tried;
+  if (config.place_by_room) {
+    in.room = StateAccess::LearnedRoom(state);
+    in.input_tokens = MakeAdmitQuery(request, config.block_tokens).input_tokens;
+  }
   const auto& sessions = StateAccess::Sessions(state);
   if (auto it = sessions.find(request.session); it != sessions.end()) {
     in.pin = it->second.pin;

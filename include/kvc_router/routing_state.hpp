@@ -104,6 +104,12 @@ class RoutingState {
     absl::ReaderMutexLock lock(&mu_);
     return worker < assigned_.size() ? assigned_[worker] : 0;
   }
+  // The room `worker`'s admission answers last reported (place_by_room), or
+  // kUnknownRoomTokens.
+  uint64_t learned_room(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return worker < learned_room_.size() ? learned_room_[worker] : kUnknownRoomTokens;
+  }
   uint64_t total_inflight() const {
     absl::ReaderMutexLock lock(&mu_);
     uint64_t total = 0;
@@ -130,6 +136,13 @@ class RoutingState {
     }
     absl::MutexLock lock(&mu_);
     index_.ForgetSession(worker, session);
+    // place_by_room: a session evicted from its pinned worker has no
+    // residency left there, so its next turn is placed by room.
+    if (config_.place_by_room) {
+      if (auto it = sessions_.find(session); it != sessions_.end() && it->second.pin == worker) {
+        it->second.pin = kNoWorker;
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -209,7 +222,8 @@ class RoutingState {
         clock_(std::move(clock)),
         index_(std::move(index)),
         inflight_(config.num_decode_workers, 0),
-        assigned_(config.num_decode_workers, 0) {
+        assigned_(config.num_decode_workers, 0),
+        learned_room_(config.num_decode_workers, kUnknownRoomTokens) {
     last_sweep_ = clock_();
   }
 
@@ -261,6 +275,7 @@ class RoutingState {
   absl::flat_hash_map<SessionId, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> assigned_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> learned_room_ ABSL_GUARDED_BY(mu_);
   uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
@@ -283,6 +298,8 @@ struct StateAccess {
   static auto& Inflight(State& state) { return state.inflight_; }
   template <class State>
   static auto& Assigned(State& state) { return state.assigned_; }
+  template <class State>
+  static auto& LearnedRoom(State& state) { return state.learned_room_; }
   template <class State>
   static absl::Time Now(State& state) { return state.clock_(); }
   template <class State>

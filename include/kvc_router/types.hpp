@@ -128,12 +128,20 @@ constexpr std::string_view RejectReasonName(RejectReason reason) {
   return "unknown";
 }
 
+// AdmitResult::room_tokens of a worker that did not say.
+inline constexpr uint64_t kUnknownRoomTokens = ~uint64_t{0};
+
 // What a decode worker's admission (Algorithm 2) answered.
 struct AdmitResult {
   bool admitted = false;
   // Direct, Seed or Reseed when admitted; ignored otherwise.
   DecisionMode mode = DecisionMode::kDirect;
   RejectReason reason = RejectReason::kNone;
+  // Optional: tokens the worker could still admit after this answer (below
+  // rho*K_d, counting the KV of sessions with nothing running as reclaimable).
+  // A router may place sessions with no residency by it
+  // (RouterConfig::place_by_room); the seed's algorithms ignore it.
+  uint64_t room_tokens = kUnknownRoomTokens;
 
   static constexpr AdmitResult Admitted(DecisionMode mode) {
     return AdmitResult{true, mode, RejectReason::kNone};

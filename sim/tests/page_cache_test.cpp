@@ -137,5 +137,51 @@ TEST_CASE("page cache: evicted pages spill to the host tier and are found there"
   CHECK(disabled.used_tokens() == 0);
 }
 
+
+TEST_CASE("page cache: a backed-up chain is cached as far as room allows, never beyond",
+          "[sim][page-cache][backup]") {
+  PageCache cache(100, kBlock, true, {});
+  const std::vector<BlockHash> a = test::TestChain(6, 1);
+  // A running request pins 5 pages (50 tokens).
+  const std::vector<BlockHash> b = test::TestChain(5, 2);
+  PageCache::Lease lease;
+  REQUIRE(cache.Reserve(lease, b, cache.Lookup(b), 50));
+  cache.Publish(lease, b, 50);
+  // Room for 5 of a's 6 pages: the leading 5 go in, the last does not.
+  CHECK(cache.Insert(a, 63, 7) == 5);
+  CHECK(cache.Lookup(a, 63, 7).gpu_blocks == 5);
+  CHECK(cache.Lookup(a, 63, 7).tail_tokens == 0);  // the tail needs the whole chain
+  CHECK(cache.used_tokens() <= cache.capacity_tokens());
+  // The running request's pages were not touched.
+  CHECK(cache.Lookup(b).gpu_blocks == 5);
+  // Once it is gone, the whole chain and its tail fit.
+  cache.Release(lease, {});
+  CHECK(cache.Insert(a, 63, 7) == 6);
+  const PageCache::Match m = cache.Lookup(a, 63, 7);
+  CHECK(m.gpu_blocks == 6);
+  CHECK(m.tail_tokens == 3);
+  // Another owner's request finds the pages but not the tail.
+  CHECK(cache.Lookup(a, 63, 8).tail_tokens == 0);
+  // A chain that diverges after block 2 reuses exactly the 3 shared blocks.
+  std::vector<BlockHash> fork(a.begin(), a.begin() + 3);
+  const std::vector<BlockHash> rest = test::TestChain(4, 9, fork.back());
+  fork.insert(fork.end(), rest.begin(), rest.end());
+  CHECK(cache.Lookup(fork).gpu_blocks == 3);
+}
+
+TEST_CASE("page cache: demoted pages are evicted first", "[sim][page-cache][migration]") {
+  PageCache cache(60, kBlock, true, {});
+  const std::vector<BlockHash> old = test::TestChain(3, 1);
+  const std::vector<BlockHash> moved = test::TestChain(3, 2);
+  CHECK(cache.Insert(old, 30) == 3);
+  CHECK(cache.Insert(moved, 30) == 3);  // younger than `old`
+  cache.Demote(moved);
+  // Room for 30 more tokens: the demoted chain goes, the older one stays.
+  const std::vector<BlockHash> fresh = test::TestChain(3, 3);
+  CHECK(cache.Insert(fresh, 30) == 3);
+  CHECK(cache.Lookup(old).gpu_blocks == 3);
+  CHECK(cache.Lookup(moved).gpu_blocks == 0);
+}
+
 }  // namespace
 }  // namespace kvc_router::sim

@@ -45,7 +45,8 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
     names.emplace_back(info.name);
     CHECK_FALSE(info.description.empty());
   }
-  CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "pd", "pd-sglang", "dp",
+  CHECK(names == std::vector<std::string>{"kvc", "kvc-v1", "kvc-colo", "kvc-adaptive",
+                                          "kvc-adaptive-colo", "pd", "pd-sglang", "dp",
                                           "load-only", "lmetric", "sticky", "unified", "ear",
                                           "load-only-pd", "lmetric-pd", "sticky-pd",
                                           "unified-pd", "ear-pd"});
@@ -72,6 +73,52 @@ TEST_CASE("policy registry: names, descriptions and errors", "[policy]") {
   CHECK(MakePolicy("kvc-colo", no_p).ok());
   CHECK(ExpandPolicyNames({"all"}).size() == ListPolicies().size());
   CHECK(ExpandPolicyNames({"kvc", "dp"}) == std::vector<std::string>{"kvc", "dp"});
+}
+
+TEST_CASE("kvc-adaptive: workers with the cost rule, backups on the session's home P",
+          "[policy][adaptive]") {
+  const PolicySetup env = Env();
+  absl::StatusOr<MadePolicy> adaptive = MakePolicy("kvc-adaptive", env);
+  REQUIRE(adaptive.ok());
+  REQUIRE(adaptive->engine.admission.has_value());
+  const AdmissionConfig& workers = *adaptive->engine.admission;
+  CHECK(workers.accounting == CapacityAccounting::kIncremental);
+  CHECK(workers.direct_cost.enabled);
+  CHECK(workers.direct_cost.transfer_per_token_s > 0);
+  CHECK(workers.max_direct_append_tokens == ~uint64_t{0});
+  CHECK(workers.capacity_tokens == env.admission.capacity_tokens);
+  CHECK(adaptive->engine.kv_backup);
+  absl::StatusOr<MadePolicy> colo = MakePolicy("kvc-adaptive-colo", env);
+  REQUIRE(colo.ok());
+  CHECK(colo->engine.admission->direct_cost.transfer_per_token_s == 0);
+  CHECK_FALSE(colo->engine.kv_backup);
+  // The seed's policies keep the cluster's admission and no backup.
+  CHECK_FALSE(MakePolicy("kvc", env)->engine.admission.has_value());
+
+  // Seeds prefill on the session's backup home, and every admitted turn
+  // plans a backup there; the seed's kvc plans none.
+  FakeCluster cluster(Topology::kDisaggregated, 2, 3, 10000);
+  for (SessionId id = 1; id <= 6; ++id) {
+    Session s{id, {}};
+    const PolicyRequest r = s.Next(id, 4);
+    auto p = adaptive->policy->Place(r, cluster);
+    REQUIRE(p.ok());
+    REQUIRE(p->mode == DecisionMode::kSeed);
+    CHECK(p->prefill == policy::RendezvousInstance(id, 2));
+    adaptive->policy->OnFinished(r, *p, cluster);
+    const std::optional<policy::BackupPlan> plan = adaptive->policy->PlanBackup(r, *p);
+    REQUIRE(plan.has_value());
+    CHECK(plan->prefill == p->prefill);
+    CHECK(plan->decode == p->instance);
+    CHECK(plan->session == id);
+    CHECK(plan->context_tokens == r.context_hashes.size() * 16);
+  }
+  auto kvc = MakePolicy("kvc", env);
+  Session s{9, {}};
+  const PolicyRequest r = s.Next(1, 4);
+  auto p = kvc->policy->Place(r, cluster);
+  REQUIRE(p.ok());
+  CHECK_FALSE(kvc->policy->PlanBackup(r, *p).has_value());
 }
 
 TEST_CASE("pd: round-robin prefill and decode, every turn transient", "[policy]") {

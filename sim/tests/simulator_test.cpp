@@ -30,7 +30,7 @@ namespace {
 const std::vector<std::string> kAllPolicies = {
     "kvc",       "kvc-v1", "kvc-colo", "pd",           "pd-sglang",  "dp",        "load-only",
     "lmetric",   "sticky", "unified",  "load-only-pd", "lmetric-pd", "sticky-pd", "unified-pd",
-    "ear",       "ear-pd"};
+    "ear",       "ear-pd", "kvc-adaptive", "kvc-adaptive-colo"};
 
 PolicySetup SetupFor(const SimConfig& config, const Trace& trace) {
   PolicySetup setup;
@@ -568,6 +568,36 @@ TEST_CASE("simulator: a migrated session's KV moves at link bandwidth and is the
   auto refused = Simulator::Run(trace, bad, config);
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(test::Message(refused.status()), Catch::Contains("same instance"));
+}
+
+TEST_CASE("simulator: kvc-adaptive's D->P backup turns reseeds into reuse", "[sim][backup]") {
+  // Sessions outgrow four small decode pools, so admitted sessions are
+  // evicted and come back as Reseeds on their backup prefill worker.
+  const Trace trace = SmallSynthetic(5, 16, 800, 5);
+  SimConfig config;
+  config.concurrency = 8;
+  config.admission.capacity_tokens = 60000;
+  const PolicySetup setup = SetupFor(config, trace);
+  absl::StatusOr<MadePolicy> with = MakePolicy("kvc-adaptive", setup);
+  REQUIRE(with.ok());
+  REQUIRE(with->engine.kv_backup);
+  auto backed = Simulator::Run(trace, *with->policy, config, with->engine);
+  REQUIRE(backed.ok());
+  absl::StatusOr<MadePolicy> without = MakePolicy("kvc-adaptive", setup);
+  REQUIRE(without.ok());
+  EngineModel no_backup = without->engine;
+  no_backup.kv_backup = false;
+  auto plain = Simulator::Run(trace, *without->policy, config, no_backup);
+  REQUIRE(plain.ok());
+  INFO("hit with backup " << backed->hit_rate() << ", without " << plain->hit_rate()
+                          << ", evictions " << plain->evictions);
+  REQUIRE(plain->evictions > 0);
+  CHECK(plain->kv_backup_tokens == 0);
+  CHECK(backed->kv_backup_tokens > 0);
+  // Only what the prefill worker held was reused: never more than the input.
+  CHECK(backed->cached_tokens <= backed->input_tokens);
+  CHECK(backed->hit_rate() > plain->hit_rate());
+  CHECK(backed->prefill_tokens_remote < plain->prefill_tokens_remote);
 }
 
 TEST_CASE("simulator: a decode sharing the GPU with a prefill is longer by that prefill",

@@ -533,6 +533,7 @@ absl::Status FinishOptions(const CLI::App& app, Options& o) {
   // One source for the pools: the policies see what the simulator runs.
   o.setup.cluster = o.sim.cluster;
   o.setup.admission = o.sim.admission;
+  o.setup.cost = o.sim.cost;
   if (absl::Status s = o.sim.Validate(); !s.ok()) return s;
   if (absl::Status s = o.setup.cache_aware.Validate(); !s.ok()) return s;
   if (absl::Status s = o.setup.affinity.Validate(); !s.ok()) return s;
@@ -689,6 +690,7 @@ int Run(int argc, char** argv) {
   report.SetConfig(o.sim, o.setup);
   report.profile = base.profile;
   report.link = o.link;
+  report.recommended_policy = std::string(sim::kRecommendedPolicy);
   if (o.synthetic) {
     report.preset = o.synth.name;
     report.seed = o.synth.seed;

@@ -56,9 +56,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "kvc_router/detail/splitmix.hpp"
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/policy/policy.hpp"
+#include "kvc_router/policy/rendezvous.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router::policy {
@@ -157,28 +157,6 @@ struct AffinityPolicyOptions {
     return absl::OkStatus();
   }
 };
-
-// Rendezvous weight of `worker` for `session`: a fixed-seed 64-bit mix.
-inline uint64_t RendezvousWeight(SessionId session, WorkerId worker) {
-  kvc_router::detail::SplitMix64 mix(session * 0x9e3779b97f4a7c15ULL ^ (uint64_t{worker} << 32) ^
-                                     worker);
-  (void)mix.Next();
-  return mix.Next();
-}
-
-// The instance rendezvous hashing gives `session` among `instances`.
-inline WorkerId RendezvousInstance(SessionId session, uint32_t instances) {
-  WorkerId best = 0;
-  uint64_t best_weight = 0;
-  for (WorkerId d = 0; d < instances; ++d) {
-    const uint64_t w = RendezvousWeight(session, d);
-    if (d == 0 || w > best_weight) {
-      best = d;
-      best_weight = w;
-    }
-  }
-  return best;
-}
 
 // A streaming quantile of gaps in seconds: a histogram with buckets 2^(1/4)
 // apart from 1 ms to about a day, so a quantile is within 19% of the truth

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -36,6 +37,7 @@
 #include "kvc_router/dispatch.hpp"
 #include "kvc_router/index/fast_index.hpp"
 #include "kvc_router/policy/policy.hpp"
+#include "kvc_router/policy/rendezvous.hpp"
 #include "kvc_router/routing_state.hpp"
 
 namespace kvc_router::policy {
@@ -51,6 +53,11 @@ struct KvcPolicyOptions {
   bool learn_outputs = true;
   // Forget sessions the workers report evicted (KV events).
   bool kv_events = false;
+  // Beyond the seed (P/D only): back every admitted session's KV up to one
+  // prefill worker, its backup home (rendezvous hashing of the session over
+  // P), after each turn (PlanBackup), and prefill its Seed, Reseed and
+  // Fallback turns there, where the backup lets them reuse the context.
+  bool kv_backup = false;
 };
 
 class KvcPolicy final : public RoutingPolicy {
@@ -102,8 +109,27 @@ class KvcPolicy final : public RoutingPolicy {
     placement.booking =
         decision.mode == DecisionMode::kFallback ? Booking::kTransient : Booking::kAdmitted;
     placement.admit_attempts = op->attempts();
+    if (options_.kv_backup && placement.prefill != kNoWorker) {
+      placement.prefill = BackupHome(request.request.session);
+    }
     ops_.insert_or_assign(request.id, std::move(*op));
     return placement;
+  }
+
+  std::optional<BackupPlan> PlanBackup(const PolicyRequest& request,
+                                       const Placement& placement) const override {
+    if (!options_.kv_backup || options_.router.num_prefill_workers == 0 ||
+        placement.booking != Booking::kAdmitted) {
+      return std::nullopt;
+    }
+    return BackupPlan{request.request.session, placement.instance,
+                      BackupHome(request.request.session),
+                      uint64_t{request.context_hashes.size()} * options_.router.block_tokens};
+  }
+
+  // The prefill worker holding `session`'s backup (kv_backup).
+  WorkerId BackupHome(SessionId session) const {
+    return RendezvousInstance(session, options_.router.num_prefill_workers);
   }
 
   void OnFinished(const PolicyRequest& request, const Placement& placement,

@@ -37,6 +37,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -186,6 +187,22 @@ inline Placement CachePlacement(const PolicyRequest& request, WorkerId instance,
   return placement;
 }
 
+// A decision to copy a session's KV from the decode worker that holds it to
+// a prefill worker's memory (the D -> P incremental backup, the KVC seed's
+// open question 4). The gateway streams the context's blocks the backup does
+// not hold yet (its KV mover, in the opposite direction of a seed's
+// transfer); when the session later leaves the decode worker (evicted, or
+// its append is refused), its Reseed prefills on `prefill` and reuses
+// whatever blocks the backup still holds, so it re-enters by transfer
+// instead of recomputing its context.
+struct BackupPlan {
+  SessionId session = 0;
+  WorkerId decode = kNoWorker;
+  WorkerId prefill = kNoWorker;
+  // The session's context now on `decode`, tokens.
+  uint64_t context_tokens = 0;
+};
+
 class RoutingPolicy {
  public:
   virtual ~RoutingPolicy() = default;
@@ -201,6 +218,14 @@ class RoutingPolicy {
     (void)request;
     (void)placement;
     (void)cluster;
+  }
+  // Called after OnFinished: whether to back the session's KV up to a
+  // prefill worker now. Policies without a backup return nothing.
+  virtual std::optional<BackupPlan> PlanBackup(const PolicyRequest& request,
+                                               const Placement& placement) const {
+    (void)request;
+    (void)placement;
+    return std::nullopt;
   }
   virtual void OnEvicted(WorkerId instance, SessionId session) {
     (void)instance;

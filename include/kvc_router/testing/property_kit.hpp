@@ -75,6 +75,12 @@ struct PropertyOptions {
   uint64_t seed = 20261129;
   uint32_t scenarios = 10000;
   uint32_t max_decode_workers = 16;
+  // Check kvc-adaptive's variant instead of the seed's: Route places
+  // sessions with no residency by the room the workers report
+  // (RouterConfig::place_by_room) and the workers' admission applies the
+  // cost rule (AdmissionConfig::direct_cost) with incremental accounting
+  // half of the time, as the seed's checks draw it.
+  bool adaptive = false;
 };
 
 // Scenario randomness: the same stream on every platform and standard library.
@@ -150,6 +156,7 @@ inline RouterConfig RandomConfig(ScenarioRng& rng, const PropertyOptions& option
   config.max_admit_attempts =
       static_cast<uint32_t>(rng.Uniform(0, config.num_decode_workers));
   config.block_tokens = static_cast<uint32_t>(rng.Uniform(1, 64));
+  config.place_by_room = options.adaptive;
   return config;
 }
 
@@ -362,6 +369,7 @@ absl::Status CheckFastPath(MakeIndex make_index, const PropertyOptions& options 
     admission.max_direct_append_tokens = rng.Uniform(16, 8192);
     admission.accounting =
         rng.Chance(50) ? CapacityAccounting::kConservative : CapacityAccounting::kIncremental;
+    admission.direct_cost.enabled = options.adaptive;
     AdmissionCluster cluster(num_workers, admission);
 
     SyntheticSession root_owner;
@@ -460,6 +468,7 @@ absl::Status CheckNoSilentOverload(MakeIndex make_index, const PropertyOptions& 
     admission.max_direct_append_tokens = rng.Uniform(0, 4096);
     admission.accounting =
         rng.Chance(50) ? CapacityAccounting::kConservative : CapacityAccounting::kIncremental;
+    admission.direct_cost.enabled = options.adaptive;
     AdmissionCluster cluster(num_workers, admission);
 
     std::vector<SyntheticSession> sessions;

@@ -93,6 +93,8 @@ class SimInstance {
   // Algorithm 2 with eviction of idle sessions (never `query.session`) when
   // only they stand in the way. Books on success. Evicted sessions are
   // appended to `evicted`.
+  void SetQueuedPrefill(uint64_t tokens) { admission_.set_queued_prefill_tokens(tokens); }
+
   AdmitResult AdmitEvicting(const AdmitQuery& query, std::vector<SessionId>& evicted) {
     absl::StatusOr<AdmitResult> result = admission_.Admit(query);
     if (!result.ok()) return AdmitResult::Rejected(RejectReason::kNoDCapacity);
@@ -219,6 +221,8 @@ struct SimPrefillWorker {
   double free_at = 0;
   uint64_t pending_prefill_tokens = 0;
   uint32_t running_requests = 0;
+  // Inbound link for D -> P KV backups (kv_backup), busy until then.
+  double backup_link_free_at = 0;
 };
 
 }  // namespace kvc_router::sim

@@ -88,6 +88,8 @@ struct PolicyResult {
   // and the tokens of KV moved between instances.
   uint64_t kv_migrations = 0;
   uint64_t kv_migrated_tokens = 0;
+  // D -> P KV backups (kv_backup): tokens streamed to prefill workers.
+  uint64_t kv_backup_tokens = 0;
   // Sessions evicted from admission pools (KVC), and pages evicted from page
   // caches (every other policy; prefill workers included).
   uint64_t evictions = 0;

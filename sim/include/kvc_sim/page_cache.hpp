@@ -177,6 +177,33 @@ class PageCache {
     MaybeCompact();
   }
 
+  // Pages of `chain` (a context of `tokens` tokens that `owner` kept) arrive
+  // from elsewhere (a KV backup): they are cached, leading pages first, as
+  // far as room allows without touching pinned pages, and are then as
+  // evictable as any cached page. Returns how many leading pages are cached.
+  size_t Insert(std::span<const BlockHash> chain, uint64_t tokens, uint64_t owner = 0) {
+    if (!enabled_) return 0;
+    ++clock_;
+    size_t kept = 0;
+    for (; kept < chain.size(); ++kept) {
+      auto it = pages_.find(chain[kept]);
+      if (it == pages_.end()) {
+        if (!MakeRoom(block_tokens_)) break;
+        it = pages_.emplace(chain[kept], Page{}).first;
+        it->second.depth = static_cast<uint32_t>(kept);
+        cached_tokens_ += block_tokens_;
+      }
+      it->second.tick = clock_;
+      // Pinned while the chain goes in, so room for a deeper page never
+      // evicts a shallower one of the same chain.
+      if (it->second.pins++ == 0) ++pinned_pages_;
+    }
+    if (kept > 0 && kept == chain.size()) RememberTail(chain, tokens, owner);
+    for (size_t i = 0; i < kept; ++i) Unpin(chain[i]);
+    MaybeCompact();
+    return kept;
+  }
+
   // The session that kept `chain` moved elsewhere (its KV was migrated):
   // its unpinned pages become the least recently used, deepest first, so
   // they are the first to go when room is needed. Pages other requests are

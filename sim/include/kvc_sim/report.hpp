@@ -181,6 +181,7 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["migrations"] = p.migrations;
   j["kv_migrations"] = p.kv_migrations;
   j["kv_migrated_tokens"] = p.kv_migrated_tokens;
+  j["kv_backup_tokens"] = p.kv_backup_tokens;
   j["evictions"] = p.evictions;
   j["evicted_pages"] = p.evicted_pages;
   j["memory_waits"] = p.memory_waits;
@@ -382,7 +383,8 @@ inline std::string FormatTable(const ReplayReport& r,
     const PolicyResult& p = r.results[i];
     absl::StrAppend(
         &out,
-        absl::StrFormat("%-9s %-5s", p.name,
+        absl::StrFormat("%-9s %-5s",
+                        p.name == r.recommended_policy ? absl::StrCat(p.name, "*") : p.name,
                         p.topology == policy::Topology::kDisaggregated ? "P/D" : "colo"),
         " ", Percent(p.mode_share(DecisionMode::kDirect)), " ",
         Percent(p.mode_share(DecisionMode::kSeed)), " ",
@@ -399,6 +401,12 @@ inline std::string FormatTable(const ReplayReport& r,
       absl::StrAppend(&out, absl::StrFormat("  %5.2fs", replay_seconds[i]));
     }
     out += "\n";
+  }
+  for (const PolicyResult& p : r.results) {
+    if (p.name == r.recommended_policy) {
+      absl::StrAppend(&out, "* recommended: what a gateway should run by default\n");
+      break;
+    }
   }
   return out;
 }

@@ -49,6 +49,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -84,6 +85,15 @@ struct EngineModel {
   bool prefill_cache = true;
   // A P -> D transfer moves only the KV the decode worker does not hold.
   bool delta_transfer = true;
+  // The workers' admission when the policy's engines differ from
+  // SimConfig::admission (kvc-adaptive: incremental accounting, the cost
+  // rule); the pool size K_d is always SimConfig's.
+  std::optional<AdmissionConfig> admission;
+  // The policy's D -> P backups (RoutingPolicy::PlanBackup) are carried
+  // out: after a turn, the context's blocks the prefill worker's cache lacks
+  // stream over that worker's inbound backup link and join its cache when
+  // the copy completes.
+  bool kv_backup = false;
 };
 
 // One request's outcome, for observers (tests, custom reports). Times are
@@ -149,6 +159,14 @@ class Simulator final : public policy::ClusterView {
                                           const SimConfig& config, const EngineModel& engine = {}) {
     if (absl::Status s = config.Validate(); !s.ok()) return s;
     if (absl::Status s = trace.Validate(); !s.ok()) return s;
+    if (engine.admission) {
+      if (absl::Status s = engine.admission->Validate(); !s.ok()) return s;
+      if (engine.admission->capacity_tokens != config.admission.capacity_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "EngineModel.admission has K_d ", engine.admission->capacity_tokens,
+            " but the cluster's pools hold ", config.admission.capacity_tokens));
+      }
+    }
     Simulator sim(trace, policy, config, engine);
     return sim.Replay();
   }
@@ -207,6 +225,8 @@ class Simulator final : public policy::ClusterView {
           t.input_tokens, " (is its block size the trace's ", trace_.block_tokens, "?)"));
       return failure_;
     }
+    // The worker's scheduler knows its queued prefill (the cost rule reads it).
+    inst.SetQueuedPrefill(inst.gpu.pending_prefill_tokens());
     const AdmitResult result = inst.AdmitEvicting(query, EvictionSink(instance));
     if (result.admitted) {
       // What is cached once admission made its room (it may have evicted).
@@ -230,6 +250,7 @@ class Simulator final : public policy::ClusterView {
     kTransferDone,  // index: flight slot
     kGpuWake,       // index: instance; `version` must match
     kFinish,        // index: flight slot; a request with no decode steps
+    kBackupDone,    // index: backup job
   };
   struct EventPayload {
     EventType type = EventType::kArrival;
@@ -266,7 +287,7 @@ class Simulator final : public policy::ClusterView {
         engine_(engine),
         topology_(policy.topology()) {
     const uint32_t n = config.cluster.instances(topology_);
-    AdmissionConfig admission = config.admission;
+    const AdmissionConfig admission = engine.admission ? *engine.admission : config.admission;
     const bool admission_pool = policy.uses_admission();
     instances_.reserve(n);
     for (uint32_t d = 0; d < n; ++d) {
@@ -295,7 +316,7 @@ class Simulator final : public policy::ClusterView {
     result_.topology = topology_;
     result_.prefill_workers = static_cast<uint32_t>(prefills_.size());
     result_.instances = n;
-    result_.budget_tokens = admission_pool ? config.admission.budget_tokens()
+    result_.budget_tokens = admission_pool ? admission.budget_tokens()
                                            : config.admission.capacity_tokens;
     result_.trace_span_s = trace.span_s();
     result_.concurrency = config.concurrency;
@@ -374,6 +395,9 @@ class Simulator final : public policy::ClusterView {
           break;
         case EventType::kFinish:
           OnFinish(e.index);
+          break;
+        case EventType::kBackupDone:
+          OnBackupDone(e.index);
           break;
       }
       if (!failure_.ok()) return failure_;
@@ -652,6 +676,12 @@ class Simulator final : public policy::ClusterView {
     }
     policy_.OnFinished(f.request, f.placement, *this);
     DeliverEvictions();
+    if (engine_.kv_backup) {
+      if (std::optional<policy::BackupPlan> plan = policy_.PlanBackup(f.request, f.placement)) {
+        StartBackup(*plan, f);
+        if (!failure_.ok()) return;
+      }
+    }
     if (config_.loop == LoopMode::kClosed) {
       if (t.turn + 1 < trace_.sessions[t.session].num_turns) {
         const uint32_t next = f.turn + 1;
@@ -748,6 +778,43 @@ class Simulator final : public policy::ClusterView {
     if (!f.transient) f.placement.mode = Classify(t, f.instance_hit);
     NotePeak(inst);
     return true;
+  }
+
+  // A D -> P backup of the context `f` left on its decode worker: what the
+  // prefill worker's cache lacks of it is copied over the prefill worker's
+  // inbound backup link, and cached there when the copy completes.
+  void StartBackup(const policy::BackupPlan& plan, const Flight& f) {
+    const TraceTurn& t = trace_.turns[f.turn];
+    if (plan.prefill >= prefills_.size() || plan.decode != f.placement.instance ||
+        plan.session != f.request.request.session) {
+      failure_ = absl::InternalError(absl::StrCat(
+          "policy ", result_.name, " planned a backup of session ", plan.session, " from ",
+          plan.decode, " to prefill worker ", plan.prefill, " that does not match request ",
+          f.turn, " (served by ", f.placement.instance, ")"));
+      return;
+    }
+    SimPrefillWorker& p = prefills_[plan.prefill];
+    const std::span<const BlockHash> chain = f.request.context_hashes;
+    const uint64_t tokens = t.input_tokens + t.output_tokens;
+    const PageCache::Match have = p.pages.Lookup(chain, tokens, Owner(t));
+    const uint64_t held = std::min<uint64_t>(
+        tokens, uint64_t{have.gpu_blocks} * trace_.block_tokens + have.tail_tokens);
+    if (held >= tokens) return;
+    const uint64_t sent = tokens - held;
+    const double start = std::max(now_, p.backup_link_free_at);
+    p.backup_link_free_at = start + config_.cost.TransferSeconds(sent);
+    result_.kv_backup_tokens += sent;
+    result_.kv_transfer_bytes += sent * config_.cost.kv_bytes_per_token;
+    backups_.push_back(Backup{plan.prefill, f.turn});
+    queue_.Push(p.backup_link_free_at, EventPayload{EventType::kBackupDone,
+                                                    static_cast<uint32_t>(backups_.size() - 1), 0});
+  }
+
+  void OnBackupDone(uint32_t job) {
+    const Backup& b = backups_[job];
+    const TraceTurn& t = trace_.turns[b.turn];
+    prefills_[b.prefill].pages.Insert(trace_.ContextChain(t), t.input_tokens + t.output_tokens,
+                                      Owner(t));
   }
 
   // Session migration, once `f` is booked on `d`: what the source instance
@@ -952,6 +1019,12 @@ class Simulator final : public policy::ClusterView {
 
   PolicyResult result_;
   absl::Status failure_;
+  // D -> P backups in flight or done: (prefill worker, turn whose context).
+  struct Backup {
+    WorkerId prefill = kNoWorker;
+    uint32_t turn = 0;
+  };
+  std::vector<Backup> backups_;
 };
 
 }  // namespace kvc_router::sim

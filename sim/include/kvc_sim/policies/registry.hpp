@@ -48,6 +48,8 @@ struct PolicySetup {
   bool kv_events = false;
   // The cache-aware baselines (dp, pd-sglang).
   CacheAwareOptions cache_aware = CacheAwareOptions::Launcher();
+  // The cost figures kvc-adaptive's workers decide Direct by.
+  CostModel cost;
   // The EAR family's knobs (high-cache fraction, ear's migration triggers,
   // cooldown, idle time); rule, topology, pools, block size and K_d are set
   // per policy.
@@ -58,6 +60,11 @@ struct MadePolicy {
   std::unique_ptr<policy::RoutingPolicy> policy;
   EngineModel engine;
 };
+
+// The policy a gateway should run by default, marked "recommended": true in
+// kvc-replay's JSON: ear on colocated instances. docs/policies.md gives the
+// measurements behind the choice and where it loses.
+inline constexpr std::string_view kRecommendedPolicy = "ear";
 
 struct PolicyInfo {
   std::string_view name;
@@ -73,6 +80,10 @@ inline const std::vector<PolicyInfo>& ListPolicies() {
       {"kvc-v1", Topology::kDisaggregated,
        "KVC-Router v1 (no reset-on-success): rejection counters only grow"},
       {"kvc-colo", Topology::kColocated, "KVC-Router v2 on colocated instances"},
+      {"kvc-adaptive", Topology::kDisaggregated,
+       "KVC beyond the seed: cost-based Direct, incremental accounting, new sessions by room, "
+       "D->P KV backup"},
+      {"kvc-adaptive-colo", Topology::kColocated, "kvc-adaptive on colocated instances"},
       {"pd", Topology::kDisaggregated,
        "vanilla P/D (the KVC seed's baseline): round-robin, no cache, whole KV moved"},
       {"pd-sglang", Topology::kDisaggregated,
@@ -96,15 +107,42 @@ inline const std::vector<PolicyInfo>& ListPolicies() {
   return kPolicies;
 }
 
+// kvc-adaptive's workers: the cluster's pool with incremental accounting
+// (it cannot overbook: an admission replaces the session's booking by its
+// new input under rho*K_d), no tau_append, and the cost rule from the
+// cluster's cost model (no transfer term on colocated instances, where a
+// reseed prefills in place).
+inline AdmissionConfig AdaptiveAdmission(const PolicySetup& setup, policy::Topology topology) {
+  AdmissionConfig admission = setup.admission;
+  admission.accounting = CapacityAccounting::kIncremental;
+  admission.max_direct_append_tokens = ~uint64_t{0};
+  DirectCostModel& cost = admission.direct_cost;
+  cost.enabled = true;
+  cost.prefill_per_token_s = setup.cost.prefill_per_token_s;
+  cost.prefill_attention_s = setup.cost.prefill_attention_s;
+  if (topology == policy::Topology::kDisaggregated) {
+    cost.transfer_per_token_s = static_cast<double>(setup.cost.kv_bytes_per_token) /
+                                setup.cost.transfer_bytes_per_s;
+    cost.transfer_setup_s = setup.cost.transfer_setup_s;
+  } else {
+    cost.transfer_per_token_s = 0;
+    cost.transfer_setup_s = 0;
+  }
+  return admission;
+}
+
 inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const PolicySetup& setup) {
   if (absl::Status s = setup.cluster.Validate(); !s.ok()) return s;
   if (absl::Status s = setup.cache_aware.Validate(); !s.ok()) return s;
   const policy::ClusterShape& shape = setup.cluster;
   const uint32_t block_tokens = setup.router.block_tokens;
   MadePolicy made;
-  if (name == "kvc" || name == "kvc-v1" || name == "kvc-colo") {
+  if (name == "kvc" || name == "kvc-v1" || name == "kvc-colo" || name == "kvc-adaptive" ||
+      name == "kvc-adaptive-colo") {
+    const bool colocated = name == "kvc-colo" || name == "kvc-adaptive-colo";
+    const bool adaptive = name == "kvc-adaptive" || name == "kvc-adaptive-colo";
     const policy::Topology topology =
-        name == "kvc-colo" ? policy::Topology::kColocated : policy::Topology::kDisaggregated;
+        colocated ? policy::Topology::kColocated : policy::Topology::kDisaggregated;
     if (topology == policy::Topology::kDisaggregated && shape.prefill_workers == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "policy ", std::string(name), " needs at least one prefill worker (use kvc-colo)"));
@@ -114,6 +152,14 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
     options.router.reset_on_success = setup.router.reset_on_success && name != "kvc-v1";
     options.index_capacity_tokens = setup.admission.capacity_tokens;
     options.kv_events = setup.kv_events;
+    if (adaptive) {
+      options.router.place_by_room = true;
+      // Evictions clear the pin, so evicted sessions are placed by room too.
+      options.kv_events = true;
+      options.kv_backup = topology == policy::Topology::kDisaggregated;
+      made.engine.admission = AdaptiveAdmission(setup, topology);
+      made.engine.kv_backup = options.kv_backup;
+    }
     absl::StatusOr<std::unique_ptr<policy::KvcPolicy>> kvc =
         policy::KvcPolicy::Create(std::string(name), options);
     if (!kvc.ok()) return kvc.status();
