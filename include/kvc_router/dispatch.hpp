@@ -28,7 +28,10 @@
 //  - Every answer's room (AdmitResult::room_tokens) is remembered for d; a
 //    capacity rejection without one bounds d's room below the input. Only
 //    RouterConfig::place_by_room reads it.
-//  - Fallback: round-robin P and D; the fallback decode worker also counts
+//  - Worker health: a worker-unavailable answer is a failure for d's circuit
+//    breaker, any other answer closes it; every rejection adds to d's reject
+//    pressure and an admission clears it (see route.hpp).
+//  - Fallback: round-robin P and D (skipping open breakers); the fallback decode worker also counts
 //    inflight and assigned, but pin and index are left alone.
 //  - The inflight taken at placement is released exactly once: by
 //    `Complete()`, or by the op's destructor when the caller's code returns
@@ -152,6 +155,14 @@ class DispatchOp {
     auto& session = detail::StateAccess::TouchSession(*state_, request_.session,
                                                        detail::StateAccess::Now(*state_));
     ++attempts_;
+    const absl::Time now = detail::StateAccess::Now(*state_);
+    auto& health = detail::StateAccess::Health(*state_);
+    if (result.reason == RejectReason::kWorkerUnavailable) {
+      health.OnFailure(target_, now);
+    } else {
+      health.OnAnswer(target_);
+    }
+    detail::StateAccess::NotePressure(*state_, target_, result.admitted, now);
     auto& room = detail::StateAccess::LearnedRoom(*state_);
     if (result.room_tokens != kUnknownRoomTokens) {
       room[target_] = result.room_tokens;
@@ -218,6 +229,8 @@ class DispatchOp {
       const RouteChoice choice = detail::RouteLocked(*state_, request_, &tried_, overlap_);
       if (choice.worker != kNoWorker) {
         target_ = choice.worker;
+        // A half-open breaker lets this request through as its probe.
+        detail::StateAccess::Health(*state_).OnSend(target_, detail::StateAccess::Now(*state_));
         stage_ = Stage::kAwaitingAdmit;
         return;
       }

@@ -11,6 +11,12 @@
 //     compared lexicographically, never folded into one number; the final tie
 //     goes to the lowest worker id, so decisions are deterministic.
 // Route never looks at capacity: that reaches it only through rejections.
+// Worker health (health.hpp): workers whose circuit breaker is open are left
+// out like tried ones, unless no other untried worker is left, in which case
+// they are asked anyway. Rejections a worker answered since it last admitted
+// (RoutingState::reject_pressure) count as inflight load, but only when the
+// session has no pin and no candidate has overlap: the order for sessions
+// with residency is the seed's.
 // (Beyond the seed, RouterConfig::place_by_room ranks sessions that have no
 // residency, neither a pin nor overlap on any candidate, by the room the
 // workers reported instead; see RouteInputs::room. Off by default.)
@@ -62,6 +68,12 @@ struct RouteInputs {
   //   (room >= input_tokens, -inflight, -assigned, room), ties: lowest id.
   std::span<const uint64_t> room;
   uint64_t input_tokens = 0;
+  // Worker health: workers to leave out while any other untried one is
+  // left (open circuit breakers); may be null.
+  const detail::WorkerMask* unhealthy = nullptr;
+  // Rejections since each worker's last admission; empty means all zero.
+  // Added to inflight when the session has no pin and no candidate overlap.
+  std::span<const uint64_t> pressure;
 };
 
 // Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
@@ -70,7 +82,20 @@ inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
   auto rejects_on = [&](WorkerId d) -> uint32_t {
     return d < in.rejects.size() ? in.rejects[d] : 0;
   };
-  auto is_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
+  auto was_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
+  // Unhealthy workers count as tried unless nothing else is left.
+  bool skip_unhealthy = false;
+  if (in.unhealthy != nullptr) {
+    for (WorkerId d = 0; d < num_workers && !skip_unhealthy; ++d) {
+      skip_unhealthy = !was_tried(d) && !in.unhealthy->Contains(d);
+    }
+  }
+  auto is_tried = [&](WorkerId d) {
+    return was_tried(d) || (skip_unhealthy && in.unhealthy->Contains(d));
+  };
+  auto pressure_on = [&](WorkerId d) -> uint64_t {
+    return d < in.pressure.size() ? in.pressure[d] : 0;
+  };
 
   // The pin is residency too (a prefix shorter than a block leaves no
   // overlap): only a session with neither is placed by room.
@@ -106,6 +131,12 @@ inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
     return RouteChoice{least_rejected, least_rejected != kNoWorker};
   }
 
+  // A session with no residency anywhere: rejections count as load.
+  bool fresh = !in.pressure.empty() && in.pin == kNoWorker;
+  for (WorkerId d = 0; d < num_workers && fresh; ++d) {
+    if (!is_tried(d) && rejects_on(d) < in.reject_threshold && in.overlap[d] > 0) fresh = false;
+  }
+
   WorkerId best = kNoWorker;
   // The key is "larger is better" in every component.
   std::tuple<uint64_t, bool, int64_t, int64_t> best_key;
@@ -120,7 +151,8 @@ inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
     const bool sticky = d == in.pin;
     const std::tuple<uint64_t, bool, int64_t, int64_t> key{
         uint64_t{in.overlap[d]} + (sticky ? in.sticky_bonus : 0), sticky,
-        -static_cast<int64_t>(in.inflight[d]), -static_cast<int64_t>(in.assigned[d])};
+        -static_cast<int64_t>(in.inflight[d] + (fresh ? pressure_on(d) : 0)),
+        -static_cast<int64_t>(in.assigned[d])};
     // Strictly greater only: an equal key keeps the lower id.
     if (best == kNoWorker || key > best_key) {
       best = d;
@@ -153,6 +185,29 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
   if (config.place_by_room) {
     in.room = StateAccess::LearnedRoom(state);
     in.input_tokens = MakeAdmitQuery(request, config.block_tokens).input_tokens;
+  }
+  const absl::Time now = StateAccess::Now(state);
+  // Reject pressure, copied only when some worker has any.
+  absl::InlinedVector<uint64_t, 64> pressure;
+  for (WorkerId d = 0; d < config.num_decode_workers; ++d) {
+    const uint64_t p = StateAccess::PressureOf(state, d, now);
+    if (p == 0) continue;
+    if (pressure.empty()) pressure.assign(config.num_decode_workers, 0);
+    pressure[d] = p;
+  }
+  in.pressure = std::span<const uint64_t>(pressure.data(), pressure.size());
+  // Open circuit breakers (worker health); built only when there is one.
+  const auto& health = StateAccess::Health(state);
+  WorkerMask unhealthy;
+  if (health.config().enabled) {
+    bool any = false;
+    for (WorkerId d = 0; d < config.num_decode_workers; ++d) {
+      if (health.Routable(d, now)) continue;
+      if (!any) unhealthy = WorkerMask(config.num_decode_workers);
+      any = true;
+      unhealthy.Insert(d);
+    }
+    if (any) in.unhealthy = &unhealthy;
   }
   const auto& sessions = StateAccess::Sessions(state);
   if (auto it = sessions.find(request.session); it != sessions.end()) {

@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "kvc_router/concepts.hpp"
 #include "kvc_router/config.hpp"
+#include "kvc_router/health.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router {
@@ -109,6 +110,25 @@ class RoutingState {
   uint64_t learned_room(WorkerId worker) const {
     absl::ReaderMutexLock lock(&mu_);
     return worker < learned_room_.size() ? learned_room_[worker] : kUnknownRoomTokens;
+  }
+  // Worker health (RouterConfig::health): the state of `worker`'s circuit
+  // breaker now, and how often it opened.
+  BreakerState worker_health(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return health_.state(worker, clock_());
+  }
+  uint64_t breaker_opens(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return health_.times_opened(worker);
+  }
+  // Rejections (capacity or worker-unavailable) `worker` answered since it
+  // last admitted a request, forgotten once none came for
+  // RouterConfig::health.failure_window. Route counts them as load when it
+  // places a session with no pin and no overlap anywhere, so a worker that
+  // refuses stops attracting new sessions; sessions with residency ignore it.
+  uint64_t reject_pressure(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return PressureLocked(worker, clock_());
   }
   uint64_t total_inflight() const {
     absl::ReaderMutexLock lock(&mu_);
@@ -223,8 +243,17 @@ class RoutingState {
         index_(std::move(index)),
         inflight_(config.num_decode_workers, 0),
         assigned_(config.num_decode_workers, 0),
-        learned_room_(config.num_decode_workers, kUnknownRoomTokens) {
+        learned_room_(config.num_decode_workers, kUnknownRoomTokens),
+        pressure_(config.num_decode_workers, 0),
+        pressure_at_(config.num_decode_workers),
+        health_(config.health, config.num_decode_workers) {
     last_sweep_ = clock_();
+  }
+
+  uint64_t PressureLocked(WorkerId worker, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    if (worker >= pressure_.size() || pressure_[worker] == 0) return 0;
+    return now - pressure_at_[worker] > config_.health.failure_window ? 0 : pressure_[worker];
   }
 
   SessionEntry& TouchSessionLocked(SessionId session, absl::Time now)
@@ -276,6 +305,9 @@ class RoutingState {
   std::vector<uint64_t> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> assigned_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> learned_room_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> pressure_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> pressure_at_ ABSL_GUARDED_BY(mu_);  // last rejection
+  WorkerHealth health_ ABSL_GUARDED_BY(mu_);
   uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
@@ -300,6 +332,24 @@ struct StateAccess {
   static auto& Assigned(State& state) { return state.assigned_; }
   template <class State>
   static auto& LearnedRoom(State& state) { return state.learned_room_; }
+  // Reject pressure of `worker` at `now` (0 once it is older than the window).
+  template <class State>
+  static uint64_t PressureOf(State& state, WorkerId worker, absl::Time now) {
+    return state.PressureLocked(worker, now);
+  }
+  // Records an answer of `worker` for its reject pressure.
+  template <class State>
+  static void NotePressure(State& state, WorkerId worker, bool admitted, absl::Time now) {
+    if (admitted) {
+      state.pressure_[worker] = 0;
+      return;
+    }
+    if (state.PressureLocked(worker, now) == 0) state.pressure_[worker] = 0;
+    ++state.pressure_[worker];
+    state.pressure_at_[worker] = now;
+  }
+  template <class State>
+  static auto& Health(State& state) { return state.health_; }
   template <class State>
   static absl::Time Now(State& state) { return state.clock_(); }
   template <class State>
@@ -312,9 +362,20 @@ struct StateAccess {
     const uint32_t n = state.config_.num_prefill_workers;
     return n == 0 ? kNoWorker : static_cast<WorkerId>(state.prefill_cursor_++ % n);
   }
+  // The fallback's round-robin decode worker: the next one whose breaker
+  // lets requests through, or plain round-robin when none does.
   template <class State>
   static WorkerId NextDecode(State& state) {
-    return static_cast<WorkerId>(state.decode_cursor_++ % state.config_.num_decode_workers);
+    const uint32_t n = state.config_.num_decode_workers;
+    const absl::Time now = state.clock_();
+    for (uint32_t i = 0; i < n; ++i) {
+      const auto d = static_cast<WorkerId>((state.decode_cursor_ + i) % n);
+      if (state.health_.Routable(d, now)) {
+        state.decode_cursor_ += i + 1;
+        return d;
+      }
+    }
+    return static_cast<WorkerId>(state.decode_cursor_++ % n);
   }
 };
 

@@ -81,6 +81,13 @@ struct PropertyOptions {
   // cost rule (AdmissionConfig::direct_cost) with incremental accounting
   // half of the time, as the seed's checks draw it.
   bool adaptive = false;
+  // Worker health (RouterConfig::health) on. Off by default: Theorems 1 and
+  // 2 are the seed's, for a router that asks every worker; with the breaker
+  // a worker whose RPCs failed is skipped for a cooldown, so the fast path
+  // additionally needs the pinned worker's breaker closed. The invariants
+  // and bounded migration (counting a skipped open pin as a rejection) hold
+  // either way.
+  bool worker_health = false;
 };
 
 // Scenario randomness: the same stream on every platform and standard library.
@@ -157,6 +164,7 @@ inline RouterConfig RandomConfig(ScenarioRng& rng, const PropertyOptions& option
       static_cast<uint32_t>(rng.Uniform(0, config.num_decode_workers));
   config.block_tokens = static_cast<uint32_t>(rng.Uniform(1, 64));
   config.place_by_room = options.adaptive;
+  config.health.enabled = options.worker_health;
   return config;
 }
 
@@ -629,6 +637,9 @@ absl::Status CheckBoundedMigration(MakeIndex make_index, const PropertyOptions& 
       Request request = s.NextTurn(rng, rng.Uniform(0, 4), config.block_tokens, 0);
       const WorkerId pin = (*state)->pin(s.id);
       const bool pin_blacklisted = pin != kNoWorker && (*state)->rejects(s.id, pin) >= tau;
+      // An open breaker (worker health) skips the pin like a blacklist.
+      const bool pin_unhealthy =
+          pin != kNoWorker && (*state)->worker_health(pin) != BreakerState::kClosed;
       detail::Trace trace;
       // Workers in `fits` admit except for occasional flaky refusals; the
       // others always refuse.
@@ -640,13 +651,15 @@ absl::Status CheckBoundedMigration(MakeIndex make_index, const PropertyOptions& 
           },
           trace);
       if (!op.ok()) return op.status();
-      if (pin != kNoWorker && !pin_blacklisted && trace.asked.front().first != pin) {
+      if (pin != kNoWorker && !pin_blacklisted && !pin_unhealthy &&
+          trace.asked.front().first != pin) {
         return absl::InternalError(absl::StrCat(
             where, "session ", s.id, " is pinned to worker ", pin, " (rejects ",
             (*state)->rejects(s.id, pin), " < tau ", tau, ") but worker ",
             trace.asked.front().first, " was asked first"));
       }
-      bool pin_rejected = false;
+      bool pin_rejected = pin_unhealthy;
+      if (pin_unhealthy) ++pin_rejections[s.id];
       for (const auto& [d, answer] : trace.asked) {
         if (!answer.admitted) {
           ++episode[s.id];
