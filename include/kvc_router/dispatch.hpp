@@ -154,6 +154,14 @@ class DispatchOp {
     absl::MutexLock lock(&detail::StateAccess::Mutex(*state_));
     auto& session = detail::StateAccess::TouchSession(*state_, request_.session,
                                                        detail::StateAccess::Now(*state_));
+    // Elastic membership: the worker was removed while the RPC was out. Its
+    // answer cannot be used (nothing runs there any more) and says nothing
+    // about the session: ask the next worker.
+    if (detail::StateAccess::DecodeStatus(*state_)[target_] == WorkerStatus::kRemoved) {
+      tried_.Insert(target_);
+      AdvanceLocked(session);
+      return absl::OkStatus();
+    }
     ++attempts_;
     const absl::Time now = detail::StateAccess::Now(*state_);
     auto& health = detail::StateAccess::Health(*state_);
@@ -172,7 +180,7 @@ class DispatchOp {
       room[target_] = std::min(room[target_], query_.input_tokens - (query_.input_tokens > 0));
     }
     if (result.admitted) {
-      if (state_->config().reset_on_success && !session.rejects.empty()) {
+      if (state_->config().reset_on_success && target_ < session.rejects.size()) {
         session.rejects[target_] = 0;
       }
       session.pin = target_;
@@ -186,7 +194,9 @@ class DispatchOp {
       return absl::OkStatus();
     }
     last_reject_ = result.reason;
-    if (session.rejects.empty()) session.rejects.assign(state_->num_decode_workers(), 0);
+    if (session.rejects.size() <= target_) {
+      session.rejects.resize(state_->config().num_decode_workers, 0);
+    }
     ++session.rejects[target_];
     tried_.Insert(target_);
     AdvanceLocked(session);
@@ -220,7 +230,7 @@ class DispatchOp {
       : state_(&state),
         request_(request),
         query_(MakeAdmitQuery(request, state.config().block_tokens)),
-        tried_(state.num_decode_workers()) {}
+        tried_() {}
 
   // Routes the next attempt, or falls back after epsilon attempts or when
   // every worker was tried.

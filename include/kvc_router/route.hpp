@@ -11,6 +11,8 @@
 //     compared lexicographically, never folded into one number; the final tie
 //     goes to the lowest worker id, so decisions are deterministic.
 // Route never looks at capacity: that reaches it only through rejections.
+// Elastic membership: draining and removed workers are never candidates
+// (RoutingState::DrainDecodeWorker / RemoveDecodeWorker).
 // Worker health (health.hpp): workers whose circuit breaker is open are left
 // out like tried ones, unless no other untried worker is left, in which case
 // they are asked anyway. Rejections a worker answered since it last admitted
@@ -182,6 +184,17 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
   in.sticky_bonus = config.sticky_bonus;
   in.reject_threshold = config.reject_threshold;
   in.tried = tried;
+  // Draining and removed workers count as tried (built only when there are).
+  const auto& status = StateAccess::DecodeStatus(state);
+  WorkerMask excluded;
+  for (WorkerId d = 0; d < status.size(); ++d) {
+    if (status[d] == WorkerStatus::kActive) continue;
+    if (in.tried == tried) {
+      excluded = tried != nullptr ? *tried : WorkerMask(config.num_decode_workers);
+      in.tried = &excluded;
+    }
+    excluded.Insert(d);
+  }
   if (config.place_by_room) {
     in.room = StateAccess::LearnedRoom(state);
     in.input_tokens = MakeAdmitQuery(request, config.block_tokens).input_tokens;
