@@ -143,6 +143,8 @@ class CircuitBreaker {
 
   // How many times the breaker opened (including re-opens after a failed probe).
   uint64_t times_opened() const { return times_opened_; }
+  // Open or half-open (not closed).
+  bool is_open() const { return open_; }
 
  private:
   bool open_ = false;
@@ -181,21 +183,31 @@ class WorkerHealth {
     if (config_.enabled && worker < breakers_.size()) breakers_[worker].OnSend(config_, now);
   }
   void OnAnswer(uint32_t worker) {
-    if (worker < breakers_.size()) breakers_[worker].OnAnswer();
+    if (worker >= breakers_.size()) return;
+    num_open_ -= breakers_[worker].is_open() ? 1 : 0;
+    breakers_[worker].OnAnswer();
   }
   void OnFailure(uint32_t worker, absl::Time now) {
-    if (config_.enabled && worker < breakers_.size()) breakers_[worker].OnFailure(config_, now);
+    if (!config_.enabled || worker >= breakers_.size()) return;
+    const bool was_open = breakers_[worker].is_open();
+    breakers_[worker].OnFailure(config_, now);
+    num_open_ += !was_open && breakers_[worker].is_open() ? 1 : 0;
   }
+  // False when every breaker is closed (Route then skips the health pass).
+  bool any_open() const { return num_open_ > 0; }
   // Slots 0..num_workers-1; new slots start closed.
   void Resize(uint32_t num_workers) { breakers_.resize(num_workers); }
   // A worker left or joined in slot `worker`: a fresh, closed breaker.
   void Reset(uint32_t worker) {
-    if (worker < breakers_.size()) breakers_[worker] = CircuitBreaker();
+    if (worker >= breakers_.size()) return;
+    num_open_ -= breakers_[worker].is_open() ? 1 : 0;
+    breakers_[worker] = CircuitBreaker();
   }
 
  private:
   HealthConfig config_;
   std::vector<CircuitBreaker> breakers_;
+  uint32_t num_open_ = 0;  // breakers not closed
 };
 
 }  // namespace kvc_router

@@ -199,10 +199,16 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
     in.room = StateAccess::LearnedRoom(state);
     in.input_tokens = MakeAdmitQuery(request, config.block_tokens).input_tokens;
   }
-  const absl::Time now = StateAccess::Now(state);
+  // Reject pressure and health: a clock read and a pass over the workers
+  // only when some worker has pressure or an open breaker.
+  const auto& health = StateAccess::Health(state);
+  const bool any_pressure = StateAccess::AnyPressure(state);
+  const bool any_open = health.config().enabled && health.any_open();
+  const absl::Time now =
+      any_pressure || any_open ? StateAccess::Now(state) : absl::InfinitePast();
   // Reject pressure, copied only when some worker has any.
   absl::InlinedVector<uint64_t, 64> pressure;
-  for (WorkerId d = 0; d < config.num_decode_workers; ++d) {
+  for (WorkerId d = 0; any_pressure && d < config.num_decode_workers; ++d) {
     const uint64_t p = StateAccess::PressureOf(state, d, now);
     if (p == 0) continue;
     if (pressure.empty()) pressure.assign(config.num_decode_workers, 0);
@@ -210,9 +216,8 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
   }
   in.pressure = std::span<const uint64_t>(pressure.data(), pressure.size());
   // Open circuit breakers (worker health); built only when there is one.
-  const auto& health = StateAccess::Health(state);
   WorkerMask unhealthy;
-  if (health.config().enabled) {
+  if (any_open) {
     bool any = false;
     for (WorkerId d = 0; d < config.num_decode_workers; ++d) {
       if (health.Routable(d, now)) continue;

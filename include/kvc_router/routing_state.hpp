@@ -432,6 +432,7 @@ class RoutingState {
     index_.ForgetWorker(worker);
     assigned_[worker] = 0;
     learned_room_[worker] = kUnknownRoomTokens;
+    num_pressured_ -= pressure_[worker] != 0 ? 1 : 0;
     pressure_[worker] = 0;
     health_.Reset(worker);
   }
@@ -493,6 +494,7 @@ class RoutingState {
   std::vector<uint64_t> learned_room_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> pressure_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> pressure_at_ ABSL_GUARDED_BY(mu_);  // last rejection
+  int64_t num_pressured_ ABSL_GUARDED_BY(mu_) = 0;           // workers with pressure != 0
   WorkerHealth health_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerStatus> decode_status_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerStatus> prefill_status_ ABSL_GUARDED_BY(mu_);
@@ -528,14 +530,20 @@ struct StateAccess {
   // Records an answer of `worker` for its reject pressure.
   template <class State>
   static void NotePressure(State& state, WorkerId worker, bool admitted, absl::Time now) {
+    uint64_t& pressure = state.pressure_[worker];
+    const bool had = pressure != 0;
     if (admitted) {
-      state.pressure_[worker] = 0;
-      return;
+      pressure = 0;
+    } else {
+      if (state.PressureLocked(worker, now) == 0) pressure = 0;
+      ++pressure;
+      state.pressure_at_[worker] = now;
     }
-    if (state.PressureLocked(worker, now) == 0) state.pressure_[worker] = 0;
-    ++state.pressure_[worker];
-    state.pressure_at_[worker] = now;
+    state.num_pressured_ += (pressure != 0) - static_cast<int>(had);
   }
+  // False when no worker has any reject pressure (Route skips that pass).
+  template <class State>
+  static bool AnyPressure(State& state) { return state.num_pressured_ > 0; }
   template <class State>
   static auto& Health(State& state) { return state.health_; }
   template <class State>
