@@ -13,6 +13,7 @@
 #include "kvc_router/index/kv_event_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/routing_state.hpp"
+#include "kvc_router/testing/property_kit.hpp"
 #include "test_support.hpp"
 
 namespace kvc_router {
@@ -303,6 +304,37 @@ TEST_CASE("random churn leaks nothing and never routes to a removed worker",
     CHECK(state->total_inflight() == 0);
     for (SessionId s = 0; s < chains.size(); ++s) CHECK(state->session_inflight(s) == 0);
   }
+}
+
+}  // namespace
+}  // namespace kvc_router
+
+namespace kvc_router {
+namespace {
+
+// The property kit's reusable churn check, over every elastic index.
+TEST_CASE("property kit: membership churn over every elastic index", "[membership][property][kit]") {
+  testing::PropertyOptions options;
+  options.seed = test::PropertySeed();
+  options.scenarios = std::max<uint32_t>(1, test::PropertyScenarios() / 20);
+  INFO("seed " << options.seed << ", " << options.scenarios << " scenarios");
+  const absl::Status naive =
+      testing::CheckMembershipChurn<NaiveIndex>(test::MakeNaiveIndex, options);
+  INFO(naive.message());
+  CHECK(naive.ok());
+  const absl::Status estimate =
+      testing::CheckMembershipChurn<EstimateIndex>(test::MakeEstimateIndex, options);
+  INFO(estimate.message());
+  CHECK(estimate.ok());
+  const absl::Status fast = testing::CheckMembershipChurn<FastIndex>(
+      [](const RouterConfig& c) { return FastIndex(c.num_decode_workers, 0, c.block_tokens); },
+      options);
+  INFO(fast.message());
+  CHECK(fast.ok());
+  const absl::Status events = testing::CheckMembershipChurn<KvEventIndex>(
+      [](const RouterConfig& c) { return KvEventIndex(c.num_decode_workers); }, options);
+  INFO(events.message());
+  CHECK(events.ok());
 }
 
 }  // namespace
