@@ -23,6 +23,8 @@ PACKAGES=(
   libcli11-dev      # simulator only: kvc-replay's flags (CLI11 2.1.2)
   python3
   gnuplot-nox
+  clang             # test.sh: libFuzzer targets (fuzz/, scripts/fuzz.sh) and the TSan build
+  libclang-rt-14-dev  # clang 14's libFuzzer and sanitizer runtimes
 )
 
 log() { printf 'install_deps: %s\n' "$*" >&2; }
