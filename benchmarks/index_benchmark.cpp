@@ -13,7 +13,7 @@ namespace {
 void BM_IndexApplyEvents(benchmark::State& state) {
   constexpr uint32_t kWorkers = 8;
   constexpr size_t kPerBatch = 64;
-  KvEventIndex index(kWorkers);
+  KvEventIndex index(kWorkers, {.hashing = EventHashing::kEngineHashes});
   uint64_t sequence[kWorkers] = {};
   // Background residency.
   for (uint32_t d = 0; d < kWorkers; ++d) {
