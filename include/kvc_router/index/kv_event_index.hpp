@@ -271,6 +271,11 @@ class KvEventIndex {
     return it->second;
   }
   uint64_t entries() const { return entries_; }
+  // Distinct blocks `worker` holds according to its events (kRehashTokens;
+  // placements recorded by Learn are not counted).
+  size_t event_blocks(WorkerId worker) const {
+    return worker < workers_.size() ? workers_[worker].router_refs.size() : 0;
+  }
   size_t memory_bytes() const {
     size_t bytes = table_.memory_bytes();
     for (const Worker& w : workers_) {
