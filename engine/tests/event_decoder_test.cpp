@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kvc_engine/event_publisher.hpp"
+#include "kvc_router/detail/splitmix.hpp"
 #include "test_support.hpp"
 
 namespace kvc_router::engine {
@@ -227,6 +228,46 @@ TEST_CASE("malformed payloads are refused with a message naming the problem",
         })).find("lacks") != std::string::npos);
   CHECK(refused(one_event([](Packer& pk) { pk.pack_uint32(3); }))
             .find("event 0") != std::string::npos);
+}
+
+// Fuzz-style property: mutated payloads (bit flips, truncation, spliced
+// bytes) never crash the decoder; it answers OK or InvalidArgument, and what
+// it accepts the index either applies or refuses with a status.
+TEST_CASE("mutated payloads are decoded or refused, never crash", "[engine][decoder][property]") {
+  const uint64_t seed = GENERATE(take(300, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  BlockStoredEvent stored;
+  stored.block_hashes = {rng.Next(), rng.Next()};
+  stored.parent_block_hash = rng.Next();
+  for (int i = 0; i < 32; ++i) stored.token_ids.push_back(static_cast<TokenId>(rng.Next() % 1000));
+  stored.block_size = 16;
+  stored.lora_name = rng.Next() % 2 ? "a" : "";
+  const std::vector<KvEvent> events = {stored, BlockRemovedEvent{{rng.Next()}, "GPU"},
+                                       AllBlocksClearedEvent{}};
+  std::string payload = EncodeEventBatch(
+      events, 1.0, 0, rng.Next() % 2 ? EventEncoding::kMap : EventEncoding::kArray);
+  const int mutations = 1 + static_cast<int>(rng.Next() % 4);
+  for (int m = 0; m < mutations && !payload.empty(); ++m) {
+    const size_t at = rng.Next() % payload.size();
+    switch (rng.Next() % 4) {
+      case 0: payload[at] = static_cast<char>(payload[at] ^ (1 << (rng.Next() % 8))); break;
+      case 1: payload.resize(at); break;
+      case 2: payload.insert(at, 1, static_cast<char>(rng.Next())); break;
+      default: payload[at] = static_cast<char>(rng.Next()); break;
+    }
+  }
+  auto batch = DecodeEventBatch(
+      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+  if (!batch.ok()) {
+    CHECK(batch.status().code() == absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  KvEventIndex index(1, {.block_tokens = 16});
+  KvEventBatch apply;
+  apply.events = batch->events;
+  auto applied = index.Apply(apply);
+  if (!applied.ok()) CHECK(index.entries() == 0);
 }
 
 }  // namespace
