@@ -34,7 +34,9 @@ void BM_IndexApplyEvents(benchmark::State& state) {
       event.block_hashes = {chain[i]};
       if (i > 0) event.parent_block_hash = chain[i - 1];
       store.events.push_back(std::move(event));
-      remove.events.push_back(BlockRemovedEvent{{chain[kPerBatch - 1 - i]}});
+      BlockRemovedEvent removed;
+      removed.block_hashes = {chain[kPerBatch - 1 - i]};
+      remove.events.emplace_back(std::in_place_type<BlockRemovedEvent>, std::move(removed));
     }
     stream.push_back(std::move(store));
     stream.push_back(std::move(remove));
