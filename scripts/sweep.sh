@@ -2,8 +2,10 @@
 # kvc_router: the concurrency sweep behind docs/policies.md. Replays both
 # workloads of the main job (scripts/run.sh) under every registered policy at
 # 8, 16, 32 and 64 sessions active at a time (profile h100-8b), writes one
-# JSON report per point to build/sweep/, and prints markdown tables of TTFT
-# p90 (seconds) / prefix hit rate per policy and concurrency.
+# JSON report per point to build/sweep/, prints markdown tables of TTFT p90
+# (seconds) / prefix hit rate per policy and concurrency, and plots TTFT p90
+# against concurrency per workload, colocated and P/D side by side
+# (build/sweep/sweep_<workload>.png, the figures in docs/policies.md).
 #
 #   ./scripts/sweep.sh            # all policies
 #   ./scripts/sweep.sh ear,dp     # a subset
@@ -44,4 +46,39 @@ for workload in ('claude-code', 'mooncake'):
             p = next(p for p in reports[c]['policies'] if p['name'] == name)
             cells.append(f"{p['ttft_s']['p90']:.3g} / {p['hit_rate']:.2f}")
         print(f'| {name} | ' + ' | '.join(cells) + ' |')
+    # One data block per policy for gnuplot: concurrency, TTFT p90, hit rate.
+    for topo in ('colocated', 'disaggregated'):
+        with open(f'{out}/{workload}-{topo}.dat', 'w') as dat:
+            for name in names:
+                first = next(p for p in reports[8]['policies'] if p['name'] == name)
+                if first['topology'] != topo:
+                    continue
+                dat.write(f'"{name}"\n')
+                for c in (8, 16, 32, 64):
+                    p = next(p for p in reports[c]['policies'] if p['name'] == name)
+                    dat.write(f"{c} {p['ttft_s']['p90']} {p['hit_rate']}\n")
+                dat.write('\n\n')
 PY
+
+if command -v gnuplot >/dev/null 2>&1; then
+  for workload in claude-code mooncake; do
+    gnuplot <<GP
+set terminal pngcairo size 1400,560 font ",10"
+set output "${out}/sweep_${workload}.png"
+set multiplot layout 1,2 title "${workload}: TTFT p90 against sessions active at a time (h100-8b)"
+set logscale xy
+set xtics (8, 16, 32, 64)
+set xrange [6:80]
+set xlabel "concurrency"
+set ylabel "TTFT p90 (s)"
+set key outside right
+set grid
+set title "8 colocated instances"
+plot for [i=0:*] "${out}/${workload}-colocated.dat" index i using 1:2 with linespoints title columnheader(1)
+set title "4 prefill + 4 decode workers"
+plot for [i=0:*] "${out}/${workload}-disaggregated.dat" index i using 1:2 with linespoints title columnheader(1)
+unset multiplot
+GP
+    kvc_log "plot: ${out}/sweep_${workload}.png"
+  done
+fi

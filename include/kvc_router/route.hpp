@@ -64,71 +64,65 @@ struct RouteInputs {
   uint64_t input_tokens = 0;
 };
 
-// Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
-inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
+namespace detail {
+
+// The untried, non-blacklisted worker with the largest key(d) (strictly
+// larger only, so an equal key keeps the lower id); when every untried worker
+// is blacklisted, the one with the fewest rejections (degenerate = true).
+template <class Key>
+RouteChoice LargestKeyOrLeastRejected(const RouteInputs& in, Key key) {
   const auto num_workers = static_cast<WorkerId>(in.overlap.size());
   auto rejects_on = [&](WorkerId d) -> uint32_t {
     return d < in.rejects.size() ? in.rejects[d] : 0;
   };
-  auto is_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
-
-  // The pin is residency too (a prefix shorter than a block leaves no
-  // overlap): only a session with neither is placed by room.
-  bool by_room = !in.room.empty() && in.pin == kNoWorker;
-  if (by_room) {
-    for (WorkerId d = 0; d < num_workers && by_room; ++d) {
-      if (!is_tried(d) && rejects_on(d) < in.reject_threshold && in.overlap[d] > 0) {
-        by_room = false;
-      }
-    }
-  }
-  if (by_room) {
-    WorkerId best = kNoWorker;
-    std::tuple<bool, int64_t, int64_t, uint64_t> best_key;
-    WorkerId least_rejected = kNoWorker;
-    for (WorkerId d = 0; d < num_workers; ++d) {
-      if (is_tried(d)) continue;
-      const uint32_t rejects = rejects_on(d);
-      if (least_rejected == kNoWorker || rejects < rejects_on(least_rejected)) {
-        least_rejected = d;
-      }
-      if (rejects >= in.reject_threshold) continue;
-      const uint64_t room = d < in.room.size() ? in.room[d] : kUnknownRoomTokens;
-      const std::tuple<bool, int64_t, int64_t, uint64_t> key{
-          room >= in.input_tokens, -static_cast<int64_t>(in.inflight[d]),
-          -static_cast<int64_t>(in.assigned[d]), room};
-      if (best == kNoWorker || key > best_key) {
-        best = d;
-        best_key = key;
-      }
-    }
-    if (best != kNoWorker) return RouteChoice{best, false};
-    return RouteChoice{least_rejected, least_rejected != kNoWorker};
-  }
-
   WorkerId best = kNoWorker;
-  // The key is "larger is better" in every component.
-  std::tuple<uint64_t, bool, int64_t, int64_t> best_key;
+  decltype(key(WorkerId{0})) best_key{};
   WorkerId least_rejected = kNoWorker;
   for (WorkerId d = 0; d < num_workers; ++d) {
-    if (is_tried(d)) continue;
+    if (in.tried != nullptr && in.tried->Contains(d)) continue;
     const uint32_t rejects = rejects_on(d);
     if (least_rejected == kNoWorker || rejects < rejects_on(least_rejected)) {
       least_rejected = d;
     }
     if (rejects >= in.reject_threshold) continue;  // blacklisted
-    const bool sticky = d == in.pin;
-    const std::tuple<uint64_t, bool, int64_t, int64_t> key{
-        uint64_t{in.overlap[d]} + (sticky ? in.sticky_bonus : 0), sticky,
-        -static_cast<int64_t>(in.inflight[d]), -static_cast<int64_t>(in.assigned[d])};
-    // Strictly greater only: an equal key keeps the lower id.
-    if (best == kNoWorker || key > best_key) {
+    const auto k = key(d);
+    if (best == kNoWorker || k > best_key) {
       best = d;
-      best_key = key;
+      best_key = k;
     }
   }
   if (best != kNoWorker) return RouteChoice{best, false};
   return RouteChoice{least_rejected, least_rejected != kNoWorker};
+}
+
+}  // namespace detail
+
+// Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
+inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
+  const auto num_workers = static_cast<WorkerId>(in.overlap.size());
+  // The pin is residency too (a prefix shorter than a block leaves no
+  // overlap): only a session with neither is placed by room.
+  bool by_room = !in.room.empty() && in.pin == kNoWorker;
+  for (WorkerId d = 0; d < num_workers && by_room; ++d) {
+    const bool usable = (in.tried == nullptr || !in.tried->Contains(d)) &&
+                        (d >= in.rejects.size() || in.rejects[d] < in.reject_threshold);
+    if (usable && in.overlap[d] > 0) by_room = false;
+  }
+  if (by_room) {
+    return detail::LargestKeyOrLeastRejected(in, [&](WorkerId d) {
+      const uint64_t room = d < in.room.size() ? in.room[d] : kUnknownRoomTokens;
+      return std::tuple<bool, int64_t, int64_t, uint64_t>{
+          room >= in.input_tokens, -static_cast<int64_t>(in.inflight[d]),
+          -static_cast<int64_t>(in.assigned[d]), room};
+    });
+  }
+  // The seed's lexicographic key; larger is better in every component.
+  return detail::LargestKeyOrLeastRejected(in, [&](WorkerId d) {
+    const bool sticky = d == in.pin;
+    return std::tuple<uint64_t, bool, int64_t, int64_t>{
+        uint64_t{in.overlap[d]} + (sticky ? in.sticky_bonus : 0), sticky,
+        -static_cast<int64_t>(in.inflight[d]), -static_cast<int64_t>(in.assigned[d])};
+  });
 }
 
 namespace detail {

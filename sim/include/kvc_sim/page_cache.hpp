@@ -154,22 +154,7 @@ class PageCache {
     if (!lease.active) return;
     reserved_tokens_ -= lease.reserved_tokens;
     ++clock_;
-    // The kept pages stay pinned until the whole chain is in, so making room
-    // for a deeper page never evicts a shallower one of the same chain.
-    size_t kept = 0;
-    if (enabled_) {
-      for (; kept < keep.size(); ++kept) {
-        auto it = pages_.find(keep[kept]);
-        if (it == pages_.end()) {
-          if (!MakeRoom(block_tokens_)) break;
-          it = pages_.emplace(keep[kept], Page{}).first;
-          it->second.depth = static_cast<uint32_t>(kept);
-          cached_tokens_ += block_tokens_;
-        }
-        it->second.tick = clock_;
-        if (it->second.pins++ == 0) ++pinned_pages_;
-      }
-    }
+    const size_t kept = enabled_ ? PinLeadingPages(keep) : 0;
     if (kept > 0 && kept == keep.size()) RememberTail(keep, keep_tokens, owner);
     for (BlockHash h : lease.pinned) Unpin(h);
     for (size_t i = 0; i < kept; ++i) Unpin(keep[i]);
@@ -184,20 +169,7 @@ class PageCache {
   size_t Insert(std::span<const BlockHash> chain, uint64_t tokens, uint64_t owner = 0) {
     if (!enabled_) return 0;
     ++clock_;
-    size_t kept = 0;
-    for (; kept < chain.size(); ++kept) {
-      auto it = pages_.find(chain[kept]);
-      if (it == pages_.end()) {
-        if (!MakeRoom(block_tokens_)) break;
-        it = pages_.emplace(chain[kept], Page{}).first;
-        it->second.depth = static_cast<uint32_t>(kept);
-        cached_tokens_ += block_tokens_;
-      }
-      it->second.tick = clock_;
-      // Pinned while the chain goes in, so room for a deeper page never
-      // evicts a shallower one of the same chain.
-      if (it->second.pins++ == 0) ++pinned_pages_;
-    }
+    const size_t kept = PinLeadingPages(chain);
     if (kept > 0 && kept == chain.size()) RememberTail(chain, tokens, owner);
     for (size_t i = 0; i < kept; ++i) Unpin(chain[i]);
     MaybeCompact();
@@ -276,6 +248,25 @@ class PageCache {
 
   // Evicts unpinned pages, least recently used first, until `tokens` more
   // fit; evicts nothing when even all unpinned pages would not make room.
+  // Caches and pins the leading pages of `chain` as far as room allows; the
+  // caller unpins them once the whole chain is in, so room for a deeper page
+  // never evicts a shallower one of the same chain. Returns how many.
+  size_t PinLeadingPages(std::span<const BlockHash> chain) {
+    size_t kept = 0;
+    for (; kept < chain.size(); ++kept) {
+      auto it = pages_.find(chain[kept]);
+      if (it == pages_.end()) {
+        if (!MakeRoom(block_tokens_)) break;
+        it = pages_.emplace(chain[kept], Page{}).first;
+        it->second.depth = static_cast<uint32_t>(kept);
+        cached_tokens_ += block_tokens_;
+      }
+      it->second.tick = clock_;
+      if (it->second.pins++ == 0) ++pinned_pages_;
+    }
+    return kept;
+  }
+
   bool MakeRoom(uint64_t tokens) {
     if (tokens > capacity_tokens_) return false;
     if (used_tokens() + tokens <= capacity_tokens_) return true;
