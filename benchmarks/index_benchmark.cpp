@@ -13,7 +13,7 @@ namespace {
 void BM_IndexApplyEvents(benchmark::State& state) {
   constexpr uint32_t kWorkers = 8;
   constexpr size_t kPerBatch = 64;
-  KvEventIndex index(kWorkers);
+  KvEventIndex index(kWorkers, {.hashing = EventHashing::kEngineHashes});
   uint64_t sequence[kWorkers] = {};
   // Background residency.
   for (uint32_t d = 0; d < kWorkers; ++d) {
@@ -34,7 +34,9 @@ void BM_IndexApplyEvents(benchmark::State& state) {
       event.block_hashes = {chain[i]};
       if (i > 0) event.parent_block_hash = chain[i - 1];
       store.events.push_back(std::move(event));
-      remove.events.push_back(BlockRemovedEvent{{chain[kPerBatch - 1 - i]}});
+      BlockRemovedEvent removed;
+      removed.block_hashes = {chain[kPerBatch - 1 - i]};
+      remove.events.emplace_back(std::in_place_type<BlockRemovedEvent>, std::move(removed));
     }
     stream.push_back(std::move(store));
     stream.push_back(std::move(remove));

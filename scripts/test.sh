@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # kvc_router: the full test run (what CI runs through .ci/run).
 #
-#   a. release build (RelWithDebInfo, -Werror, tests+examples+benchmarks) + ctest
+#   a. release build (RelWithDebInfo, -Werror, tests+examples+benchmarks+sim+engine) + ctest
+#      (every label, the engine adapters' "engine", "python" and "e2e" included)
 #   b. ASan+UBSan build (Debug + -O1, -Werror) + ctest without the "packaging" label
+#      (the Python publisher and loopback e2e tests then drive sanitized binaries)
 #   c. TSan build of kvc_router_thread_tests only, run directly
 #   d. benchmark smoke run (kvc_router_benchmarks and kvc_sim_benchmarks)
 #   e. fuzzing: scripts/fuzz.sh (5 libFuzzer targets, clang, 20 s each;

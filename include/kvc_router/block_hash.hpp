@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +43,18 @@ namespace kvc_router {
 // Seed of the first block of every chain ("kvcroute" in ASCII). Changing it
 // changes every hash the library produces.
 inline constexpr BlockHash kChainRootHash = 0x6b7663726f757465ULL;
+
+// Root of the chain for a model or LoRA adapter: kChainRootHash for the
+// empty name, else XXH3-64 of the name's bytes seeded with kChainRootHash.
+// Chains that start from different roots never share a block hash, so KV
+// computed under one adapter is never counted as a hit for another. A
+// gateway hashing a request for adapter "sql-lora" starts its SessionHasher
+// at ChainRootFor("sql-lora"); KvEventIndex salts the blocks an engine
+// reports with the event's lora_name the same way.
+inline BlockHash ChainRootFor(std::string_view model_or_lora) {
+  if (model_or_lora.empty()) return kChainRootHash;
+  return XXH3_64bits_withSeed(model_or_lora.data(), model_or_lora.size(), kChainRootHash);
+}
 
 // Hash of one block whose predecessor's hash is `parent` (kChainRootHash for
 // the first block).
@@ -103,6 +116,14 @@ class SessionHasher {
           " (kMaxBlockTokens), got ", block_tokens, " (session ", session, ")"));
     }
     return SessionHasher(session, block_tokens);
+  }
+  // The same, with the chain starting at `root` (ChainRootFor(adapter) for
+  // requests of a LoRA adapter or a salted model).
+  static absl::StatusOr<SessionHasher> Create(SessionId session, uint32_t block_tokens,
+                                              BlockHash root) {
+    absl::StatusOr<SessionHasher> hasher = Create(session, block_tokens);
+    if (hasher.ok()) hasher->tail_ = root;
+    return hasher;
   }
 
   // Unchecked form for a `block_tokens` already validated (e.g. the router's

@@ -1,0 +1,167 @@
+// kvc_engine/gateway_support.hpp
+//
+// Pieces of an OpenAI-style gateway in front of kvc_router, used by the
+// example gateway (engine/tools/kvc_gateway.cpp) and reusable by others:
+//
+//  * `Tokenizer`: the gateway hashes token ids, so it needs the engines'
+//    tokenizer. `ByteTokenizer` (one token per byte) keeps the example
+//    self-contained; plug in a real one by implementing `Encode`/`Decode`
+//    (e.g. over the Hugging Face `tokenizers` C bindings or SentencePiece)
+//    - the router only requires that the gateway and the engines cut the
+//    same text into the same ids.
+//  * `RenderChat`: a deterministic chat template over OpenAI `messages`, so
+//    turn t+1's prompt starts with turn t's prompt plus its answer (what
+//    makes the prefix reusable). Real deployments use the model's template.
+//  * `GatewayMetrics`: counters and a histogram in the Prometheus text
+//    exposition format (decisions by mode, rejections by reason, admission
+//    attempts and their latency, requests, in-flight per worker).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::engine {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<TokenId> Encode(std::string_view text) const = 0;
+  virtual std::string Decode(std::span<const TokenId> tokens) const = 0;
+};
+
+// One token per byte (ids 0..255).
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<TokenId> Encode(std::string_view text) const override {
+    std::vector<TokenId> out;
+    out.reserve(text.size());
+    for (unsigned char c : text) out.push_back(c);
+    return out;
+  }
+  std::string Decode(std::span<const TokenId> tokens) const override {
+    std::string out;
+    out.reserve(tokens.size());
+    for (TokenId t : tokens) out.push_back(static_cast<char>(t & 0xff));
+    return out;
+  }
+};
+
+// "<|role|>content\n" per message, then "<|assistant|>" to prompt the
+// answer. An assistant message renders as the answer it was plus "\n", so a
+// conversation's next prompt extends the previous prompt and answer.
+inline absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages) {
+  if (!messages.is_array() || messages.empty()) {
+    return absl::InvalidArgumentError("\"messages\" must be a non-empty array");
+  }
+  std::string out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const nlohmann::json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        !m.contains("content") || !m["content"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "] needs string \"role\" and \"content\""));
+    }
+    absl::StrAppend(&out, "<|", m["role"].get<std::string>(), "|>",
+                    m["content"].get<std::string>(), "\n");
+  }
+  // The answer follows the assistant tag directly; RenderChat of the next
+  // turn renders it as "<|assistant|>" + answer + "\n".
+  out += "<|assistant|>";
+  return out;
+}
+
+class GatewayMetrics {
+ public:
+  static constexpr std::array<double, 12> kLatencyBuckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5};
+
+  void Decision(DecisionMode mode) {
+    absl::MutexLock lock(&mu_);
+    ++decisions_[static_cast<size_t>(mode)];
+  }
+  void Rejection(RejectReason reason) {
+    absl::MutexLock lock(&mu_);
+    ++rejections_[static_cast<size_t>(reason)];
+  }
+  void AdmissionAttempt(double seconds) {
+    absl::MutexLock lock(&mu_);
+    ++attempts_;
+    latency_sum_ += seconds;
+    for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+      if (seconds <= kLatencyBuckets[i]) ++latency_buckets_[i];
+    }
+  }
+  void Request(bool ok) {
+    absl::MutexLock lock(&mu_);
+    ++(ok ? requests_ok_ : requests_failed_);
+  }
+
+  // The exposition text; `inflight` is RoutingState::inflight per decode
+  // worker, `extra` more lines (already formatted) appended at the end.
+  std::string Render(std::span<const uint64_t> inflight, std::string_view extra = {}) const {
+    absl::MutexLock lock(&mu_);
+    std::string out;
+    out += "# HELP kvc_decisions_total Requests placed, by decision mode.\n";
+    out += "# TYPE kvc_decisions_total counter\n";
+    for (int m = 0; m < kNumDecisionModes; ++m) {
+      absl::StrAppend(&out, "kvc_decisions_total{mode=\"",
+                      std::string(DecisionModeName(static_cast<DecisionMode>(m))), "\"} ", decisions_[m], "\n");
+    }
+    out += "# HELP kvc_admission_rejections_total Admission answers that refused, by reason.\n";
+    out += "# TYPE kvc_admission_rejections_total counter\n";
+    for (int r = 1; r < kNumRejectReasons; ++r) {
+      absl::StrAppend(&out, "kvc_admission_rejections_total{reason=\"",
+                      std::string(RejectReasonName(static_cast<RejectReason>(r))), "\"} ", rejections_[r],
+                      "\n");
+    }
+    out += "# HELP kvc_admission_attempts_total Admission RPCs sent to decode workers.\n";
+    out += "# TYPE kvc_admission_attempts_total counter\n";
+    absl::StrAppend(&out, "kvc_admission_attempts_total ", attempts_, "\n");
+    out += "# HELP kvc_admission_latency_seconds Admission RPC round trip.\n";
+    out += "# TYPE kvc_admission_latency_seconds histogram\n";
+    for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+      absl::StrAppend(&out, "kvc_admission_latency_seconds_bucket{le=\"",
+                      absl::StrFormat("%g", kLatencyBuckets[i]), "\"} ", latency_buckets_[i],
+                      "\n");
+    }
+    absl::StrAppend(&out, "kvc_admission_latency_seconds_bucket{le=\"+Inf\"} ", attempts_, "\n");
+    absl::StrAppend(&out, "kvc_admission_latency_seconds_sum ",
+                    absl::StrFormat("%.9g", latency_sum_), "\n");
+    absl::StrAppend(&out, "kvc_admission_latency_seconds_count ", attempts_, "\n");
+    out += "# HELP kvc_requests_total Gateway requests finished, by status.\n";
+    out += "# TYPE kvc_requests_total counter\n";
+    absl::StrAppend(&out, "kvc_requests_total{status=\"ok\"} ", requests_ok_, "\n");
+    absl::StrAppend(&out, "kvc_requests_total{status=\"error\"} ", requests_failed_, "\n");
+    out += "# HELP kvc_inflight_requests Requests placed and not completed, per decode worker.\n";
+    out += "# TYPE kvc_inflight_requests gauge\n";
+    for (size_t d = 0; d < inflight.size(); ++d) {
+      absl::StrAppend(&out, "kvc_inflight_requests{worker=\"", d, "\"} ", inflight[d], "\n");
+    }
+    out.append(extra.data(), extra.size());
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::array<uint64_t, kNumDecisionModes> decisions_{};
+  std::array<uint64_t, kNumRejectReasons> rejections_{};
+  std::array<uint64_t, kLatencyBuckets.size()> latency_buckets_{};
+  uint64_t attempts_ = 0;
+  double latency_sum_ = 0.0;
+  uint64_t requests_ok_ = 0;
+  uint64_t requests_failed_ = 0;
+};
+
+}  // namespace kvc_router::engine

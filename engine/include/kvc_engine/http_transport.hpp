@@ -1,0 +1,316 @@
+// kvc_engine/http_transport.hpp
+//
+// A WorkerTransport (kvc_router/concepts.hpp) over HTTP/JSON with
+// cpp-httplib, for decode and prefill workers that expose the KVC seed's
+// admission RPC and a few generate calls (the worker emulator,
+// engine/tools/kvc_worker_emulator.cpp, implements them; a patched SGLang
+// scheduler answers the first):
+//
+//   POST {decode}/admit_direct_append
+//        {"session_id", "turn", "append_tokens", "input_tokens"}
+//     -> {"can_admit": bool, "mode": "direct"|"seed"|"reseed",
+//         "reason": "real-large-append"|..., "room_tokens"?: n}
+//   POST {decode}/generate     {"session_id", "turn", "mode", ...payload}
+//        mode "direct": append-prefill and decode on the worker holding the KV;
+//        mode "decode": decode after the KV arrived from a prefill worker;
+//        mode "fallback": plain P/D, no residency kept.
+//   POST {prefill}/prefill     {"session_id", "turn", ...payload}
+//   POST {decode}/receive_kv   {"session_id", "turn", "prefill", ...payload}
+//
+// `...payload` is what the caller attaches to the request with `Attach`
+// (prompt token ids, max_tokens, sampling settings): the router's Request
+// carries only hashes and counts. The JSON answer of the last generate call
+// is handed back through the same attachment.
+//
+// Errors: a connection failure, a timeout or an HTTP status other than 200
+// on the admission RPC is returned as UnavailableError("worker-unavailable:
+// ..."), which Dispatch counts as a `worker-unavailable` rejection; a bad
+// answer (not JSON, unknown mode or reason) is also worker-unavailable. A
+// generate call that fails returns UnavailableError too, so the gateway can
+// report it; the router releases what it took either way. Thread-safe: every
+// call uses its own connection.
+//
+//   auto transport = kvc_router::engine::HttpWorkerTransport::Create(
+//       {.decode_urls = {"http://10.0.0.7:30001"}, .prefill_urls = {"http://10.0.0.6:30000"}});
+//   auto attachment = (*transport)->Attach(session, {{"token_ids", tokens}, {"max_tokens", 64}});
+//   absl::StatusOr<Decision> decision = kvc_router::Dispatch(*state, request, **transport);
+//   nlohmann::json answer = attachment.response();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc_router/concepts.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::engine {
+
+// "direct" -> kDirect, ...; nullopt for anything else.
+inline std::optional<DecisionMode> ParseDecisionMode(std::string_view name) {
+  for (DecisionMode mode : {DecisionMode::kDirect, DecisionMode::kSeed, DecisionMode::kReseed,
+                            DecisionMode::kFallback}) {
+    if (DecisionModeName(mode) == name) return mode;
+  }
+  return std::nullopt;
+}
+inline std::optional<RejectReason> ParseRejectReason(std::string_view name) {
+  for (int r = 0; r < kNumRejectReasons; ++r) {
+    const auto reason = static_cast<RejectReason>(r);
+    if (RejectReasonName(reason) == name) return reason;
+  }
+  return std::nullopt;
+}
+
+// The admission RPC bodies, shared by the transport and the emulator.
+inline nlohmann::json AdmitQueryToJson(const AdmitQuery& query) {
+  return {{"session_id", query.session},
+          {"turn", query.turn},
+          {"append_tokens", query.append_tokens},
+          {"input_tokens", query.input_tokens}};
+}
+inline absl::StatusOr<AdmitQuery> AdmitQueryFromJson(const nlohmann::json& body) {
+  if (!body.is_object()) return absl::InvalidArgumentError("admission query: not a JSON object");
+  for (const char* key : {"session_id", "turn", "append_tokens", "input_tokens"}) {
+    if (!body.contains(key) || !body[key].is_number_unsigned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("admission query: \"", key, "\" must be a non-negative integer"));
+    }
+  }
+  AdmitQuery query;
+  query.session = body["session_id"].get<uint64_t>();
+  query.turn = static_cast<uint32_t>(body["turn"].get<uint64_t>());
+  query.append_tokens = body["append_tokens"].get<uint64_t>();
+  query.input_tokens = body["input_tokens"].get<uint64_t>();
+  return query;
+}
+inline nlohmann::json AdmitResultToJson(const AdmitResult& result) {
+  nlohmann::json out = {{"can_admit", result.admitted}};
+  if (result.admitted) {
+    out["mode"] = std::string(DecisionModeName(result.mode));
+  } else {
+    out["reason"] = std::string(RejectReasonName(result.reason));
+  }
+  if (result.room_tokens != kUnknownRoomTokens) out["room_tokens"] = result.room_tokens;
+  return out;
+}
+inline absl::StatusOr<AdmitResult> AdmitResultFromJson(const nlohmann::json& body) {
+  if (!body.is_object() || !body.contains("can_admit") || !body["can_admit"].is_boolean()) {
+    return absl::InvalidArgumentError("admission answer: no boolean \"can_admit\"");
+  }
+  AdmitResult result;
+  result.admitted = body["can_admit"].get<bool>();
+  if (result.admitted) {
+    const std::string mode = body.value("mode", std::string());
+    std::optional<DecisionMode> parsed = ParseDecisionMode(mode);
+    if (!parsed.has_value() || *parsed == DecisionMode::kFallback) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("admission answer: mode \"", mode, "\" is not direct, seed or reseed"));
+    }
+    result.mode = *parsed;
+  } else {
+    const std::string reason = body.value("reason", std::string());
+    std::optional<RejectReason> parsed = ParseRejectReason(reason);
+    if (!parsed.has_value() || *parsed == RejectReason::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("admission answer: unknown rejection reason \"", reason, "\""));
+    }
+    result.mode = DecisionMode::kFallback;
+    result.reason = *parsed;
+  }
+  if (body.contains("room_tokens") && body["room_tokens"].is_number_unsigned()) {
+    result.room_tokens = body["room_tokens"].get<uint64_t>();
+  }
+  return result;
+}
+
+class HttpWorkerTransport {
+ public:
+  struct Options {
+    std::vector<std::string> decode_urls;   // "http://host:port", index = WorkerId
+    std::vector<std::string> prefill_urls;  // may be empty (colocated)
+    std::chrono::milliseconds connect_timeout{1000};
+    std::chrono::milliseconds admit_timeout{2000};
+    std::chrono::milliseconds generate_timeout{120000};
+  };
+
+  // What a caller attaches to one session's request: extra body fields in,
+  // the last generate answer out. Detaches when destroyed.
+  class Attachment {
+   public:
+    Attachment(Attachment&& other) noexcept
+        : transport_(std::exchange(other.transport_, nullptr)),
+          session_(other.session_),
+          slot_(std::move(other.slot_)) {}
+    Attachment& operator=(Attachment&&) = delete;
+    Attachment(const Attachment&) = delete;
+    ~Attachment() {
+      if (transport_ != nullptr) transport_->Detach(session_);
+    }
+    nlohmann::json response() const {
+      absl::MutexLock lock(&slot_->mu);
+      return slot_->response;
+    }
+
+   private:
+    friend class HttpWorkerTransport;
+    struct Slot {
+      nlohmann::json payload;
+      mutable absl::Mutex mu;
+      nlohmann::json response;
+    };
+    Attachment(HttpWorkerTransport* transport, SessionId session, std::shared_ptr<Slot> slot)
+        : transport_(transport), session_(session), slot_(std::move(slot)) {}
+    HttpWorkerTransport* transport_;
+    SessionId session_;
+    std::shared_ptr<Slot> slot_;
+  };
+
+  static absl::StatusOr<std::unique_ptr<HttpWorkerTransport>> Create(Options options) {
+    if (options.decode_urls.empty()) {
+      return absl::InvalidArgumentError("HttpWorkerTransport: no decode worker URLs");
+    }
+    for (const auto* urls : {&options.decode_urls, &options.prefill_urls}) {
+      for (const std::string& url : *urls) {
+        if (url.rfind("http://", 0) != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "HttpWorkerTransport: worker URL \"", url, "\" must start with http://"));
+        }
+      }
+    }
+    return std::unique_ptr<HttpWorkerTransport>(new HttpWorkerTransport(std::move(options)));
+  }
+
+  // Attaches `payload` (a JSON object) to the generate calls of `session`'s
+  // request until the returned attachment is destroyed.
+  Attachment Attach(SessionId session, nlohmann::json payload) {
+    auto slot = std::make_shared<Attachment::Slot>();
+    slot->payload = std::move(payload);
+    absl::MutexLock lock(&mu_);
+    slots_[session] = slot;
+    return Attachment(this, session, std::move(slot));
+  }
+
+  absl::StatusOr<AdmitResult> Admit(WorkerId decode, const AdmitQuery& query) {
+    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
+    absl::StatusOr<nlohmann::json> answer =
+        Post(options_.decode_urls[decode], "/admit_direct_append", AdmitQueryToJson(query),
+             options_.admit_timeout);
+    if (!answer.ok()) return answer.status();
+    absl::StatusOr<AdmitResult> result = AdmitResultFromJson(*answer);
+    if (!result.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: ",
+                                                 options_.decode_urls[decode], ": ",
+                                                 result.status().message()));
+    }
+    return result;
+  }
+
+  absl::Status RunDirect(WorkerId decode, const Request& request) {
+    return Generate(decode, request, "direct");
+  }
+  absl::Status Prefill(WorkerId prefill, const Request& request) {
+    if (prefill >= options_.prefill_urls.size()) return Unknown("prefill", prefill);
+    return Call(options_.prefill_urls[prefill], "/prefill", request, {}, false);
+  }
+  absl::Status TransferKv(WorkerId prefill, WorkerId decode, const Request& request) {
+    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
+    nlohmann::json extra = {
+        {"prefill", prefill < options_.prefill_urls.size() ? options_.prefill_urls[prefill] : ""}};
+    return Call(options_.decode_urls[decode], "/receive_kv", request, std::move(extra), false);
+  }
+  absl::Status Decode(WorkerId decode, const Request& request) {
+    return Generate(decode, request, "decode");
+  }
+  absl::Status RunFallback(WorkerId prefill, WorkerId decode, const Request& request) {
+    if (prefill != kNoWorker) {
+      if (absl::Status s = Prefill(prefill, request); !s.ok()) return s;
+    }
+    return Generate(decode, request, "fallback");
+  }
+
+ private:
+  explicit HttpWorkerTransport(Options options) : options_(std::move(options)) {}
+
+  static absl::Status Unknown(const char* pool, WorkerId worker) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HttpWorkerTransport: unknown ", pool, " worker ", worker));
+  }
+
+  void Detach(SessionId session) {
+    absl::MutexLock lock(&mu_);
+    slots_.erase(session);
+  }
+  std::shared_ptr<Attachment::Slot> SlotOf(SessionId session) {
+    absl::MutexLock lock(&mu_);
+    auto it = slots_.find(session);
+    return it == slots_.end() ? nullptr : it->second;
+  }
+
+  absl::Status Generate(WorkerId decode, const Request& request, const char* mode) {
+    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
+    return Call(options_.decode_urls[decode], "/generate", request, {{"mode", mode}}, true);
+  }
+
+  absl::Status Call(const std::string& url, const char* path, const Request& request,
+                    nlohmann::json extra, bool keep_response) {
+    std::shared_ptr<Attachment::Slot> slot = SlotOf(request.session);
+    nlohmann::json body = slot != nullptr && slot->payload.is_object() ? slot->payload
+                                                                       : nlohmann::json::object();
+    body["session_id"] = request.session;
+    body["turn"] = request.turn;
+    for (auto& [key, value] : extra.items()) body[key] = value;
+    absl::StatusOr<nlohmann::json> answer = Post(url, path, body, options_.generate_timeout);
+    if (!answer.ok()) return answer.status();
+    if (keep_response && slot != nullptr) {
+      absl::MutexLock lock(&slot->mu);
+      slot->response = std::move(*answer);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<nlohmann::json> Post(const std::string& url, const char* path,
+                                      const nlohmann::json& body,
+                                      std::chrono::milliseconds timeout) const {
+    httplib::Client client(url);
+    client.set_connection_timeout(options_.connect_timeout);
+    client.set_read_timeout(timeout);
+    client.set_write_timeout(timeout);
+    httplib::Result result = client.Post(path, body.dump(), "application/json");
+    if (!result) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ",
+                                                 httplib::to_string(result.error())));
+    }
+    if (result->status != 200) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path,
+                                                 ": HTTP ", result->status, " ",
+                                                 result->body.substr(0, 200)));
+    }
+    nlohmann::json answer = nlohmann::json::parse(result->body, nullptr, false);
+    if (answer.is_discarded()) {
+      return absl::UnavailableError(
+          absl::StrCat("worker-unavailable: POST ", url, path, ": the answer is not JSON"));
+    }
+    return answer;
+  }
+
+  Options options_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<SessionId, std::shared_ptr<Attachment::Slot>> slots_;
+};
+
+static_assert(WorkerTransport<HttpWorkerTransport>);
+
+}  // namespace kvc_router::engine

@@ -1,0 +1,175 @@
+#include "kvc_engine/http_transport.hpp"
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "kvc_engine/gateway_support.hpp"
+#include "kvc_router/dispatch.hpp"
+#include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/routing_state.hpp"
+#include "test_support.hpp"
+
+namespace kvc_router::engine {
+namespace {
+
+// A decode worker whose admission answer the test chooses.
+class FakeWorker {
+ public:
+  explicit FakeWorker(std::string answer, int delay_ms = 0) : answer_(std::move(answer)) {
+    server_.Post("/admit_direct_append", [this, delay_ms](const httplib::Request& req,
+                                                         httplib::Response& res) {
+      last_body_ = req.body;
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      res.set_content(answer_, "application/json");
+    });
+    server_.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {
+      last_body_ = req.body;
+      res.set_content(R"({"text":"hi","output_token_ids":[104,105]})", "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~FakeWorker() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  nlohmann::json last_body() const { return nlohmann::json::parse(last_body_); }
+
+ private:
+  std::string answer_;
+  std::string last_body_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// A port nothing listens on.
+std::string DeadUrl() {
+  httplib::Server probe;
+  const int port = probe.bind_to_any_port("127.0.0.1");
+  return "http://127.0.0.1:" + std::to_string(port);  // closed when probe goes
+}
+
+TEST_CASE("the admission RPC round-trips as JSON", "[engine][http]") {
+  FakeWorker direct(R"({"can_admit": true, "mode": "direct", "room_tokens": 500})");
+  FakeWorker refuses(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {direct.url(), refuses.url()}});
+  REQUIRE(transport.ok());
+  const AdmitQuery query{.session = 7, .turn = 2, .append_tokens = 30, .input_tokens = 1000};
+  auto yes = (*transport)->Admit(0, query);
+  REQUIRE(yes.ok());
+  CHECK(yes->admitted);
+  CHECK(yes->mode == DecisionMode::kDirect);
+  CHECK(yes->room_tokens == 500);
+  CHECK(direct.last_body() == AdmitQueryToJson(query));
+  auto no = (*transport)->Admit(1, query);
+  REQUIRE(no.ok());
+  CHECK_FALSE(no->admitted);
+  CHECK(no->reason == RejectReason::kNoDCapacity);
+  CHECK((*transport)->Admit(2, query).status().code() == absl::StatusCode::kInvalidArgument);
+  // The emulator's side of the same bodies.
+  auto parsed = AdmitQueryFromJson(AdmitQueryToJson(query));
+  REQUIRE(parsed.ok());
+  CHECK(parsed->input_tokens == 1000);
+  CHECK_FALSE(AdmitQueryFromJson(nlohmann::json{{"session_id", -1}}).ok());
+  auto result = AdmitResultFromJson(AdmitResultToJson(AdmitResult::Admitted(DecisionMode::kReseed)));
+  REQUIRE(result.ok());
+  CHECK(result->mode == DecisionMode::kReseed);
+}
+
+TEST_CASE("no answer, a timeout or a bad answer is worker-unavailable", "[engine][http]") {
+  FakeWorker slow(R"({"can_admit": true, "mode": "direct"})", /*delay_ms=*/800);
+  FakeWorker garbage("not json");
+  FakeWorker bad_mode(R"({"can_admit": true, "mode": "fallback"})");
+  auto transport = HttpWorkerTransport::Create(
+      {.decode_urls = {DeadUrl(), slow.url(), garbage.url(), bad_mode.url()},
+       .admit_timeout = std::chrono::milliseconds(200)});
+  REQUIRE(transport.ok());
+  const AdmitQuery query{.session = 1, .turn = 0, .append_tokens = 10, .input_tokens = 10};
+  for (WorkerId d = 0; d < 4; ++d) {
+    INFO("worker " << d);
+    auto answer = (*transport)->Admit(d, query);
+    CHECK(answer.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(test::Message(answer.status()).find("worker-unavailable") != std::string::npos);
+  }
+  CHECK(HttpWorkerTransport::Create({}).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(HttpWorkerTransport::Create({.decode_urls = {"ftp://x"}}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Dispatch over HTTP counts a dead worker as worker-unavailable and moves on",
+          "[engine][http]") {
+  FakeWorker alive(R"({"can_admit": true, "mode": "seed"})");
+  auto transport = HttpWorkerTransport::Create(
+      {.decode_urls = {DeadUrl(), alive.url()}, .prefill_urls = {}});
+  REQUIRE(transport.ok());
+  RouterConfig config;
+  config.num_decode_workers = 2;
+  config.num_prefill_workers = 0;
+  auto state = RoutingState<EstimateIndex>::Create(config, test::MakeEstimateIndex(config));
+  REQUIRE(state.ok());
+  const std::vector<BlockHash> prefix;
+  Request request;
+  request.session = 5;
+  request.append_tokens = 40;
+  request.prefix_hashes = prefix;
+  auto attachment = (*transport)->Attach(5, {{"token_ids", {1, 2, 3}}, {"max_tokens", 2}});
+  // Worker 0 is tried first (ties go to the lowest id), refuses to answer.
+  auto decision = Dispatch(**state, request, **transport);
+  REQUIRE(decision.ok());
+  CHECK(decision->decode == 1);
+  CHECK(decision->mode == DecisionMode::kSeed);
+  CHECK((*state)->rejects(5, 0) == 1);
+  CHECK((*state)->inflight(0) == 0);
+  CHECK((*state)->inflight(1) == 0);
+  // The generate call carried the attached payload and its answer came back.
+  CHECK(alive.last_body()["token_ids"] == nlohmann::json({1, 2, 3}));
+  CHECK(alive.last_body()["mode"] == "direct");  // no prefill pool: the decode worker prefills
+  CHECK(attachment.response()["text"] == "hi");
+}
+
+TEST_CASE("gateway metrics render as Prometheus text", "[engine][metrics]") {
+  GatewayMetrics metrics;
+  metrics.Decision(DecisionMode::kDirect);
+  metrics.Decision(DecisionMode::kDirect);
+  metrics.Rejection(RejectReason::kWorkerUnavailable);
+  metrics.AdmissionAttempt(0.0007);
+  metrics.AdmissionAttempt(3.0);
+  metrics.Request(true);
+  const std::vector<uint64_t> inflight = {0, 2};
+  const std::string text = metrics.Render(inflight);
+  CHECK(text.find("kvc_decisions_total{mode=\"direct\"} 2\n") != std::string::npos);
+  CHECK(text.find("kvc_admission_rejections_total{reason=\"worker-unavailable\"} 1\n") !=
+        std::string::npos);
+  CHECK(text.find("kvc_admission_latency_seconds_bucket{le=\"0.0005\"} 0\n") != std::string::npos);
+  CHECK(text.find("kvc_admission_latency_seconds_bucket{le=\"0.001\"} 1\n") != std::string::npos);
+  CHECK(text.find("kvc_admission_latency_seconds_bucket{le=\"2.5\"} 1\n") != std::string::npos);
+  CHECK(text.find("kvc_admission_latency_seconds_bucket{le=\"+Inf\"} 2\n") != std::string::npos);
+  CHECK(text.find("kvc_admission_latency_seconds_count 2\n") != std::string::npos);
+  CHECK(text.find("kvc_inflight_requests{worker=\"1\"} 2\n") != std::string::npos);
+  CHECK(text.find("# TYPE kvc_admission_latency_seconds histogram\n") != std::string::npos);
+}
+
+TEST_CASE("the byte tokenizer and chat template keep prefixes stable", "[engine][gateway]") {
+  ByteTokenizer tokenizer;
+  const auto ids = tokenizer.Encode("hé");
+  CHECK(ids.size() == 3);
+  CHECK(tokenizer.Decode(ids) == "hé");
+  nlohmann::json messages = {{{"role", "user"}, {"content", "hi"}}};
+  auto first = RenderChat(messages);
+  REQUIRE(first.ok());
+  messages.push_back({{"role", "assistant"}, {"content", "yo"}});
+  messages.push_back({{"role", "user"}, {"content", "next"}});
+  auto second = RenderChat(messages);
+  REQUIRE(second.ok());
+  CHECK(second->rfind(*first + "yo", 0) == 0);  // prompt + answer is a prefix of the next prompt
+  CHECK_FALSE(RenderChat(nlohmann::json::array()).ok());
+  CHECK_FALSE(RenderChat(nlohmann::json{{{"role", 1}}}).ok());
+}
+
+}  // namespace
+}  // namespace kvc_router::engine

@@ -1,0 +1,385 @@
+// kvc-worker-emulator: a prefill or decode worker without a GPU, so a
+// gateway can be tested end to end (docs/integration.md). A decode worker
+// runs kvc_router's AdmissionController and a KV pool behind HTTP (the
+// routes of kvc_engine/http_transport.hpp), takes its timing from the
+// simulator's cost model (scaled by --time-scale) and publishes its KV
+// events in vLLM's wire format (PUB + replay ROUTER). A prefill worker only
+// answers /prefill.
+//
+//   kvc-worker-emulator --role decode --port 30001 --capacity-tokens 20000
+//       --block-size 16 --kv-events tcp://127.0.0.1:5557 --kv-replay tcp://127.0.0.1:5558
+//
+// Its KV pool keeps whole sessions (the tokens of their last context) and,
+// like vLLM's prefix cache, names each full block by a chained hash of its
+// own (XXH3 with a per-process random root, unrelated to the router's
+// hashes); blocks shared by sessions are stored once. Admission evicts
+// least recently used idle sessions when a request would not fit; each
+// eviction publishes BlockRemoved for the blocks no session holds anymore.
+// Replies carry deterministic output text, so a test can check them.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc_engine/event_publisher.hpp"
+#include "kvc_engine/http_transport.hpp"
+#include "kvc_router/admit.hpp"
+#include "kvc_router/detail/xxhash.hpp"
+#include "kvc_sim/cost_model.hpp"
+
+namespace {
+
+using namespace kvc_router;
+using nlohmann::json;
+
+class Worker {
+ public:
+  Worker(AdmissionController admit, sim::CostModel cost, double time_scale, uint32_t block_size,
+         std::unique_ptr<engine::KvEventPublisher> publisher)
+      : admit_(std::move(admit)),
+        cost_(cost),
+        time_scale_(time_scale),
+        block_size_(block_size),
+        root_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
+        publisher_(std::move(publisher)) {}
+
+  json Admit(const AdmitQuery& query) {
+    absl::MutexLock lock(&mu_);
+    ++admissions_;
+    absl::StatusOr<AdmitResult> first = admit_.Evaluate(query);
+    if (first.ok() && !first->admitted &&
+        first->reason != RejectReason::kRealLargeAppend) {
+      // Make room the way a cache does before it says no.
+      const uint64_t need = query.input_tokens;
+      for (SessionId evicted : admit_.EvictLeastRecentlyUsedExcept(need, query.session)) {
+        ++evictions_;
+        DropSessionKvLocked(evicted);
+      }
+    }
+    absl::StatusOr<AdmitResult> result = admit_.Admit(query);
+    if (!result.ok()) return json{{"error", std::string(result.status().message())}};
+    if (!result->admitted) ++rejections_;
+    return engine::AdmitResultToJson(*result);
+  }
+
+  // Append-prefill (direct) or decode after a transfer; returns the reply.
+  json Generate(SessionId session, uint32_t turn, const std::string& mode,
+                const std::vector<TokenId>& context, uint32_t max_tokens) {
+    uint64_t cached = 0;
+    uint64_t batch = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mode == "direct") {
+        auto it = kv_.find(session);
+        if (it != kv_.end()) cached = CommonPrefix(it->second.tokens, context);
+      } else {
+        cached = context.size();  // the KV arrived with receive_kv (or fallback's prefill)
+      }
+      batch = ++running_;
+    }
+    const uint64_t fresh = context.size() - std::min<uint64_t>(cached, context.size());
+    double seconds = fresh > 0 ? cost_.PrefillSeconds(fresh, cached) : 0.0;
+    for (uint32_t i = 0; i < max_tokens; ++i) {
+      seconds += cost_.DecodeStepSeconds(batch, context.size() + i);
+    }
+    Sleep(seconds);
+    std::string text = "[s" + std::to_string(session) + " t" + std::to_string(turn) + "]";
+    while (text.size() < max_tokens) text += " ok";
+    text.resize(max_tokens);
+    std::vector<TokenId> output(text.begin(), text.end());
+    absl::MutexLock lock(&mu_);
+    --running_;
+    ++generated_;
+    if (mode != "fallback") {
+      std::vector<TokenId> full = context;
+      full.insert(full.end(), output.begin(), output.end());
+      if (admit_.IsResident(session)) {
+        const uint64_t before = admit_.resident_tokens(session);
+        if (full.size() > before) (void)admit_.AddTokens(session, full.size() - before);
+        (void)admit_.OnRequestFinished(session);
+        SetSessionKvLocked(session, std::move(full));
+      }
+    }
+    return json{{"text", text},
+                {"output_token_ids", output},
+                {"cached_tokens", cached},
+                {"prefill_tokens", fresh},
+                {"seconds", seconds}};
+  }
+
+  json ReceiveKv(SessionId session, const std::vector<TokenId>& context) {
+    Sleep(cost_.TransferSeconds(context.size()));
+    absl::MutexLock lock(&mu_);
+    if (admit_.IsResident(session)) SetSessionKvLocked(session, context);
+    return json{{"ok", true}};
+  }
+
+  json Prefill(const std::vector<TokenId>& context) {
+    const double seconds = cost_.PrefillSeconds(context.size(), 0);
+    Sleep(seconds);
+    absl::MutexLock lock(&mu_);
+    ++prefills_;
+    return json{{"ok", true}, {"seconds", seconds}};
+  }
+
+  json Stats() {
+    absl::MutexLock lock(&mu_);
+    return json{{"sessions", admit_.num_sessions()},
+                {"used_tokens", admit_.used_tokens()},
+                {"budget_tokens", admit_.budget_tokens()},
+                {"resident_blocks", block_refs_.size()},
+                {"evictions", evictions_},
+                {"admissions", admissions_},
+                {"rejections", rejections_},
+                {"generated", generated_},
+                {"prefills", prefills_},
+                {"published_batches", publisher_ ? publisher_->published() : 0}};
+  }
+
+ private:
+  struct SessionKv {
+    std::vector<TokenId> tokens;
+    std::vector<BlockHash> blocks;  // engine hashes of its full blocks
+  };
+
+  static uint64_t CommonPrefix(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
+    uint64_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return n;
+  }
+
+  void Sleep(double seconds) const {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds * time_scale_));
+  }
+
+  std::vector<BlockHash> EngineBlocks(const std::vector<TokenId>& tokens) const {
+    std::vector<BlockHash> out;
+    BlockHash parent = root_;
+    for (size_t i = 0; i + block_size_ <= tokens.size(); i += block_size_) {
+      parent = XXH3_64bits_withSeed(tokens.data() + i, block_size_ * sizeof(TokenId), parent);
+      out.push_back(parent);
+    }
+    return out;
+  }
+
+  void SetSessionKvLocked(SessionId session, std::vector<TokenId> tokens) {
+    SessionKv next{std::move(tokens), {}};
+    next.blocks = EngineBlocks(next.tokens);
+    std::vector<KvEvent> events;
+    // New blocks: runs of blocks nobody held, each stored with its parent.
+    BlockStoredEvent run;
+    auto flush = [&] {
+      if (!run.block_hashes.empty()) events.emplace_back(std::move(run));
+      run = BlockStoredEvent{};
+    };
+    for (size_t i = 0; i < next.blocks.size(); ++i) {
+      if (block_refs_[next.blocks[i]]++ == 0) {
+        if (run.block_hashes.empty()) {
+          if (i > 0) run.parent_block_hash = next.blocks[i - 1];
+          run.block_size = block_size_;
+          run.medium = "GPU";
+        }
+        run.block_hashes.push_back(next.blocks[i]);
+        run.token_ids.insert(run.token_ids.end(), next.tokens.begin() + i * block_size_,
+                             next.tokens.begin() + (i + 1) * block_size_);
+      } else {
+        flush();
+      }
+    }
+    flush();
+    auto it = kv_.find(session);
+    if (it != kv_.end()) {
+      AppendRemovals(it->second.blocks, events);
+      it->second = std::move(next);
+    } else {
+      kv_.emplace(session, std::move(next));
+    }
+    Publish(std::move(events));
+  }
+
+  void DropSessionKvLocked(SessionId session) {
+    auto it = kv_.find(session);
+    if (it == kv_.end()) return;
+    std::vector<KvEvent> events;
+    AppendRemovals(it->second.blocks, events);
+    kv_.erase(it);
+    Publish(std::move(events));
+  }
+
+  // Releases `blocks` (a session's old chain); those no session holds any
+  // more are removed, leaves first.
+  void AppendRemovals(const std::vector<BlockHash>& blocks, std::vector<KvEvent>& events) {
+    BlockRemovedEvent removed;
+    removed.medium = "GPU";
+    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+      auto ref = block_refs_.find(*b);
+      if (ref != block_refs_.end() && --ref->second == 0) {
+        block_refs_.erase(ref);
+        removed.block_hashes.push_back(*b);
+      }
+    }
+    if (!removed.block_hashes.empty()) events.emplace_back(std::move(removed));
+  }
+
+  void Publish(std::vector<KvEvent> events) {
+    if (publisher_ == nullptr || events.empty()) return;
+    publisher_->Publish(events, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  }
+
+  absl::Mutex mu_;
+  AdmissionController admit_;
+  sim::CostModel cost_;
+  double time_scale_;
+  uint32_t block_size_;
+  BlockHash root_;
+  std::unique_ptr<engine::KvEventPublisher> publisher_;
+  absl::flat_hash_map<SessionId, SessionKv> kv_;
+  absl::flat_hash_map<BlockHash, uint32_t> block_refs_;
+  uint64_t running_ = 0;
+  uint64_t evictions_ = 0, admissions_ = 0, rejections_ = 0, generated_ = 0, prefills_ = 0;
+};
+
+void Reply(httplib::Response& res, const json& body, int status = 200) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+// Parses the body; on error answers 400 and returns a discarded value.
+json Body(const httplib::Request& req, httplib::Response& res) {
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object()) {
+    Reply(res, json{{"error", "the body must be a JSON object"}}, 400);
+    return json(json::value_t::discarded);
+  }
+  return body;
+}
+
+bool Tokens(const json& body, std::vector<TokenId>& out) {
+  if (!body.contains("token_ids")) return true;
+  if (!body["token_ids"].is_array()) return false;
+  for (const json& t : body["token_ids"]) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() > UINT32_MAX) return false;
+    out.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvc-worker-emulator: a GPU-less prefill or decode worker for gateway tests"};
+  std::string role = "decode";
+  std::string host = "127.0.0.1";
+  int port = 0;
+  AdmissionConfig admission;
+  uint32_t block_size = 16;
+  double time_scale = 0.01;
+  std::string events_endpoint, replay_endpoint, topic;
+  size_t buffer_steps = 10000;
+  app.add_option("--role", role, "decode or prefill")
+      ->check(CLI::IsMember({"decode", "prefill"}))
+      ->capture_default_str();
+  app.add_option("--host", host, "address to listen on")->capture_default_str();
+  app.add_option("--port", port, "HTTP port")->required();
+  app.add_option("--capacity-tokens", admission.capacity_tokens, "K_d: KV pool in tokens")
+      ->capture_default_str();
+  app.add_option("--high-water", admission.high_water, "rho")->capture_default_str();
+  app.add_option("--max-direct-append", admission.max_direct_append_tokens, "tau_append")
+      ->capture_default_str();
+  app.add_option("--block-size", block_size, "engine KV block size (tokens)")->capture_default_str();
+  app.add_option("--time-scale", time_scale, "multiplies every cost-model duration")
+      ->capture_default_str();
+  app.add_option("--kv-events", events_endpoint, "PUB endpoint to bind (vLLM wire format)");
+  app.add_option("--kv-replay", replay_endpoint, "ROUTER replay endpoint to bind");
+  app.add_option("--kv-topic", topic, "topic frame of every event message");
+  app.add_option("--kv-buffer-steps", buffer_steps, "batches kept for replay")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  absl::StatusOr<AdmissionController> admit = AdmissionController::Create(admission);
+  if (!admit.ok()) {
+    std::cerr << "kvc-worker-emulator: " << admit.status().message() << "\n";
+    return 2;
+  }
+  if (block_size == 0 || !(time_scale >= 0)) {
+    std::cerr << "kvc-worker-emulator: --block-size must be >= 1 and --time-scale >= 0\n";
+    return 2;
+  }
+  std::unique_ptr<engine::KvEventPublisher> publisher;
+  if (!events_endpoint.empty()) {
+    auto created = engine::KvEventPublisher::Create({.endpoint = events_endpoint,
+                                                     .replay_endpoint = replay_endpoint,
+                                                     .topic = topic,
+                                                     .buffer_steps = buffer_steps});
+    if (!created.ok()) {
+      std::cerr << "kvc-worker-emulator: " << created.status().message() << "\n";
+      return 2;
+    }
+    publisher = std::move(*created);
+  }
+  Worker worker(std::move(*admit), sim::CostModel::LoopbackTcp(), time_scale, block_size,
+                std::move(publisher));
+
+  httplib::Server server;
+  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    Reply(res, json{{"ok", true}});
+  });
+  server.Get("/stats", [&](const httplib::Request&, httplib::Response& res) {
+    json stats = worker.Stats();
+    stats["role"] = role;
+    Reply(res, stats);
+  });
+  server.Post("/prefill", [&](const httplib::Request& req, httplib::Response& res) {
+    json body = Body(req, res);
+    if (body.is_discarded()) return;
+    std::vector<TokenId> tokens;
+    if (!Tokens(body, tokens)) return Reply(res, json{{"error", "bad token_ids"}}, 400);
+    Reply(res, worker.Prefill(tokens));
+  });
+  if (role == "decode") {
+    server.Post("/admit_direct_append", [&](const httplib::Request& req, httplib::Response& res) {
+      json body = Body(req, res);
+      if (body.is_discarded()) return;
+      absl::StatusOr<AdmitQuery> query = engine::AdmitQueryFromJson(body);
+      if (!query.ok()) return Reply(res, json{{"error", std::string(query.status().message())}}, 400);
+      json answer = worker.Admit(*query);
+      Reply(res, answer, answer.contains("error") ? 400 : 200);
+    });
+    server.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
+      json body = Body(req, res);
+      if (body.is_discarded()) return;
+      std::vector<TokenId> tokens;
+      if (!Tokens(body, tokens) || !body.value("session_id", json()).is_number_unsigned()) {
+        return Reply(res, json{{"error", "need session_id and token_ids"}}, 400);
+      }
+      Reply(res, worker.Generate(body["session_id"].get<uint64_t>(), body.value("turn", 0u),
+                                 body.value("mode", std::string("direct")), tokens,
+                                 body.value("max_tokens", 16u)));
+    });
+    server.Post("/receive_kv", [&](const httplib::Request& req, httplib::Response& res) {
+      json body = Body(req, res);
+      if (body.is_discarded()) return;
+      std::vector<TokenId> tokens;
+      if (!Tokens(body, tokens) || !body.value("session_id", json()).is_number_unsigned()) {
+        return Reply(res, json{{"error", "need session_id and token_ids"}}, 400);
+      }
+      Reply(res, worker.ReceiveKv(body["session_id"].get<uint64_t>(), tokens));
+    });
+  }
+  if (!server.bind_to_port(host, port)) {
+    std::cerr << "kvc-worker-emulator: cannot listen on " << host << ":" << port << "\n";
+    return 2;
+  }
+  std::cout << "kvc-worker-emulator: " << role << " listening on " << host << ":" << port
+            << std::endl;
+  server.listen_after_bind();
+  return 0;
+}
