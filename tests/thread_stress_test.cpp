@@ -104,5 +104,89 @@ TEST_CASE("concurrent dispatch keeps every invariant", "[tsan][threads]") {
   CHECK(decisions.load() == uint64_t{kThreads} * kOpsPerThread);
 }
 
+// Workers join, drain and leave while gateway threads dispatch, some
+// answers failing as worker-unavailable (circuit breakers open and close).
+TEST_CASE("concurrent dispatch under worker churn and failures", "[tsan][threads][membership]") {
+  constexpr int kThreads = 3;
+  constexpr int kOpsPerThread = 2000;
+  RouterConfig config;
+  config.num_decode_workers = 4;
+  config.num_prefill_workers = 2;
+  config.health.failure_threshold = 2;
+  auto created = RoutingState<EstimateIndex>::Create(
+      config, EstimateIndex(4, 24 * 4000, config.block_tokens));
+  REQUIRE(created.ok());
+  RoutingState<EstimateIndex>& state = **created;
+  const uint64_t seed = test::PropertySeed();
+  INFO("seed " << seed);
+  std::atomic<int> violations{0};
+  std::atomic<bool> stop{false};
+
+  auto gateway = [&](int thread) {
+    testing::ScenarioRng rng(seed * 17 + static_cast<uint64_t>(thread));
+    std::vector<testing::SyntheticSession> sessions(6);
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      sessions[i].id = static_cast<SessionId>(thread) * 1000 + i;
+    }
+    std::vector<DispatchOp<EstimateIndex>> open;
+    for (int i = 0; i < kOpsPerThread; ++i) {
+      testing::SyntheticSession& s = sessions[rng.Uniform(0, sessions.size() - 1)];
+      if (s.chain.size() > 200) s.chain.resize(0);
+      const Request request = s.NextTurn(rng, rng.Uniform(0, 3), config.block_tokens, 1);
+      auto op = StartDispatch(state, request);
+      if (!op.ok()) {
+        ++violations;
+        continue;
+      }
+      while (op->awaiting_admit()) {
+        const uint64_t roll = rng.Uniform(0, 99);
+        const AdmitResult answer =
+            roll < 10   ? AdmitResult::Rejected(RejectReason::kWorkerUnavailable)
+            : roll < 35 ? AdmitResult::Rejected(RejectReason::kNoDCapacity)
+                        : AdmitResult::Admitted(DecisionMode::kReseed);
+        if (!op->OnAdmitResult(answer).ok()) ++violations;
+      }
+      if (rng.Chance(50)) {
+        open.push_back(std::move(*op));
+      } else if (!op->Complete().ok()) {
+        ++violations;
+      }
+      if (!open.empty() && rng.Chance(50)) open.erase(open.begin());
+    }
+  };
+  std::thread operator_thread([&] {
+    testing::ScenarioRng rng(seed);
+    while (!stop.load()) {
+      const uint32_t slots = state.num_decode_workers();
+      const auto d = static_cast<WorkerId>(rng.Uniform(0, slots - 1));
+      switch (rng.Uniform(0, 3)) {
+        case 0:
+          if (slots < 12 && !state.AddDecodeWorker().ok()) ++violations;
+          break;
+        case 1:
+          (void)state.DrainDecodeWorker(d);
+          break;
+        case 2:
+          (void)state.RemoveDecodeWorker(d);
+          break;
+        default:
+          (void)state.num_active_decode_workers();
+          (void)state.worker_health(d);
+          break;
+      }
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(gateway, t);
+  for (auto& t : threads) t.join();
+  stop = true;
+  operator_thread.join();
+  CHECK(violations.load() == 0);
+  CHECK(state.total_inflight() == 0);
+  CHECK(state.num_active_decode_workers() >= 1);
+  for (WorkerId d = 0; d < state.num_decode_workers(); ++d) CHECK(state.inflight(d) == 0);
+}
+
 }  // namespace
 }  // namespace kvc_router
