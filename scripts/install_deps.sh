@@ -30,6 +30,8 @@ PACKAGES=(
   libcpp-httplib-dev  # cpp-httplib 0.11: HTTP worker transport, emulator, gateway
   python3-zmq         # Python publisher tests in vLLM's wire format
   python3-msgpack
+  clang             # test.sh: libFuzzer targets (fuzz/, scripts/fuzz.sh) and the TSan build
+  libclang-rt-14-dev  # clang 14's libFuzzer and sanitizer runtimes
 )
 
 log() { printf 'install_deps: %s\n' "$*" >&2; }

@@ -7,6 +7,8 @@
 #      (the Python publisher and loopback e2e tests then drive sanitized binaries)
 #   c. TSan build of kvc_router_thread_tests only, run directly
 #   d. benchmark smoke run (kvc_router_benchmarks and kvc_sim_benchmarks)
+#   e. fuzzing: scripts/fuzz.sh (5 libFuzzer targets, clang, 20 s each;
+#      skipped with a message when clang cannot build them)
 # and finally prints "N passed, 0 failed" (N = ctest tests passed in stage a).
 #
 # Environment:
@@ -17,7 +19,9 @@
 #   KVC_ROUTER_SKIP_ASAN=1        skip stage b
 #   KVC_ROUTER_SKIP_TSAN=1        skip stage c
 #   KVC_ROUTER_SKIP_DEPS=1        do not run scripts/install_deps.sh
-# Build trees: build/release, build/asan, build/tsan (re-used on later runs).
+#   KVC_ROUTER_SKIP_FUZZ=1        skip stage e
+#   KVC_ROUTER_FUZZ_SECONDS=20    seconds per fuzz target
+# Build trees: build/release, build/asan, build/tsan, build/fuzz (re-used on later runs).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -187,7 +191,9 @@ for bench in build/release/benchmarks/kvc_router_benchmarks build/release/sim/kv
     STAGE="benchmark smoke (${name})"
     kvc_log "benchmarks: ${name} smoke run (--benchmark_min_time=0.001)"
     # Google Benchmark 1.7.1 takes a plain number of seconds here.
-    if ! "${bench}" --benchmark_min_time=0.001 \
+    # The bounded-memory soak (benchmarks/soak_benchmark.cpp) runs 10M
+    # requests by default; the smoke run scales it down.
+    if ! KVC_ROUTER_SOAK_REQUESTS=200000 "${bench}" --benchmark_min_time=0.001 \
           --benchmark_out="build/release/${name}-smoke.json" --benchmark_out_format=json \
           >"build/release/${name}-smoke.txt" 2>&1; then
       tail -n 50 "build/release/${name}-smoke.txt" >&2
@@ -199,6 +205,16 @@ for bench in build/release/benchmarks/kvc_router_benchmarks build/release/sim/kv
     kvc_log "benchmarks: ${name} skipped (not built)"
   fi
 done
+
+# ---------------------------------------------------------------------------
+# e. fuzzing
+# ---------------------------------------------------------------------------
+if [[ "${KVC_ROUTER_SKIP_FUZZ:-0}" != "1" ]]; then
+  STAGE="fuzz"
+  ./scripts/fuzz.sh
+else
+  kvc_log "fuzz: skipped (KVC_ROUTER_SKIP_FUZZ=1)"
+fi
 
 STAGE="done"
 echo "${release_passed} passed, 0 failed"

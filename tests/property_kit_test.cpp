@@ -29,6 +29,21 @@ template <class Index, class Make>
 void RunEveryProperty(Make make, bool adaptive = false) {
   PropertyOptions options = Options();
   options.adaptive = adaptive;
+  // The checks that hold with worker health on, too (health_test.cpp has
+  // the breaker's own tests).
+  SECTION("with worker health: invariants and bounded migration") {
+    PropertyOptions health = options;
+    health.worker_health = true;
+    INFO("seed " << health.seed << ", " << health.scenarios << " scenarios per property");
+    for (const absl::Status& s :
+         {testing::CheckNoSilentOverload<Index>(make, health),
+          testing::CheckResetOnSuccess<Index>(make, health),
+          testing::CheckBoundedMigration<Index>(make, health),
+          testing::CheckDeterminism<Index>(make, health)}) {
+      INFO(s.message());
+      CHECK(s.ok());
+    }
+  }
   INFO("seed " << options.seed << ", " << options.scenarios << " scenarios per property");
   SECTION("Theorem 1: no starvation") {
     const absl::Status s = testing::CheckStarvationFreedom<Index>(make, options);

@@ -42,6 +42,17 @@ concept CacheIndex =
       index.ForgetSession(worker, session);
     };
 
+// A CacheIndex whose set of workers can change at runtime (elastic
+// membership, RoutingState::AddDecodeWorker / RemoveDecodeWorker):
+//  - ResizeWorkers(n): grow to n workers (never shrinks), keeping everything.
+//  - ForgetWorker(d): drop everything d holds (it left; its slot may be reused).
+template <class Index>
+concept ElasticCacheIndex =
+    CacheIndex<Index> && requires(Index& index, WorkerId worker, uint32_t num_workers) {
+      index.ResizeWorkers(num_workers);
+      index.ForgetWorker(worker);
+    };
+
 // The caller's RPC and KV-transfer backend.
 //  - Admit(d, query): Algorithm 2 on decode worker d. A non-OK status means the
 //    RPC got no answer; the router counts it as a `worker-unavailable` rejection.

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "kvc_router/health.hpp"
 
 namespace kvc_router {
 
@@ -116,6 +117,11 @@ struct RouterConfig {
   // without it bounds the room below the rejected input). Sessions with
   // residency keep Route's order. See docs/policies.md (kvc-adaptive).
   bool place_by_room = false;
+  // Worker health (health.hpp): a decode worker whose admission RPC fails
+  // (worker-unavailable) failure_threshold times within failure_window is
+  // not asked again until open_cooldown has passed, then probed. On by
+  // default (3 failures in 10 s, 5 s cooldown).
+  HealthConfig health;
 
   uint32_t effective_max_admit_attempts() const {
     return max_admit_attempts == 0 ? num_decode_workers : max_admit_attempts;
@@ -152,6 +158,9 @@ struct RouterConfig {
     }
     if (max_sessions == 0) {
       return absl::InvalidArgumentError("RouterConfig.max_sessions must be >= 1");
+    }
+    if (absl::Status status = health.Validate(); !status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("RouterConfig.health: ", status.message()));
     }
     return absl::OkStatus();
   }

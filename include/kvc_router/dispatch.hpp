@@ -28,7 +28,10 @@
 //  - Every answer's room (AdmitResult::room_tokens) is remembered for d; a
 //    capacity rejection without one bounds d's room below the input. Only
 //    RouterConfig::place_by_room reads it.
-//  - Fallback: round-robin P and D; the fallback decode worker also counts
+//  - Worker health: a worker-unavailable answer is a failure for d's circuit
+//    breaker, any other answer closes it; every rejection adds to d's reject
+//    pressure and an admission clears it (see route.hpp).
+//  - Fallback: round-robin P and D (skipping open breakers); the fallback decode worker also counts
 //    inflight and assigned, but pin and index are left alone.
 //  - The inflight taken at placement is released exactly once: by
 //    `Complete()`, or by the op's destructor when the caller's code returns
@@ -151,7 +154,23 @@ class DispatchOp {
     absl::MutexLock lock(&detail::StateAccess::Mutex(*state_));
     auto& session = detail::StateAccess::TouchSession(*state_, request_.session,
                                                        detail::StateAccess::Now(*state_));
+    // Elastic membership: the worker was removed while the RPC was out. Its
+    // answer cannot be used (nothing runs there any more) and says nothing
+    // about the session: ask the next worker.
+    if (detail::StateAccess::DecodeStatus(*state_)[target_] == WorkerStatus::kRemoved) {
+      tried_.Insert(target_);
+      AdvanceLocked(session);
+      return absl::OkStatus();
+    }
     ++attempts_;
+    const absl::Time now = detail::StateAccess::Now(*state_);
+    auto& health = detail::StateAccess::Health(*state_);
+    if (result.reason == RejectReason::kWorkerUnavailable) {
+      health.OnFailure(target_, now);
+    } else {
+      health.OnAnswer(target_);
+    }
+    detail::StateAccess::NotePressure(*state_, target_, result.admitted, now);
     auto& room = detail::StateAccess::LearnedRoom(*state_);
     if (result.room_tokens != kUnknownRoomTokens) {
       room[target_] = result.room_tokens;
@@ -161,7 +180,7 @@ class DispatchOp {
       room[target_] = std::min(room[target_], query_.input_tokens - (query_.input_tokens > 0));
     }
     if (result.admitted) {
-      if (state_->config().reset_on_success && !session.rejects.empty()) {
+      if (state_->config().reset_on_success && target_ < session.rejects.size()) {
         session.rejects[target_] = 0;
       }
       session.pin = target_;
@@ -175,7 +194,9 @@ class DispatchOp {
       return absl::OkStatus();
     }
     last_reject_ = result.reason;
-    if (session.rejects.empty()) session.rejects.assign(state_->num_decode_workers(), 0);
+    if (session.rejects.size() <= target_) {
+      session.rejects.resize(state_->config().num_decode_workers, 0);
+    }
     ++session.rejects[target_];
     tried_.Insert(target_);
     AdvanceLocked(session);
@@ -209,7 +230,7 @@ class DispatchOp {
       : state_(&state),
         request_(request),
         query_(MakeAdmitQuery(request, state.config().block_tokens)),
-        tried_(state.num_decode_workers()) {}
+        tried_() {}
 
   // Routes the next attempt, or falls back after epsilon attempts or when
   // every worker was tried.
@@ -218,6 +239,8 @@ class DispatchOp {
       const RouteChoice choice = detail::RouteLocked(*state_, request_, &tried_, overlap_);
       if (choice.worker != kNoWorker) {
         target_ = choice.worker;
+        // A half-open breaker lets this request through as its probe.
+        detail::StateAccess::Health(*state_).OnSend(target_, detail::StateAccess::Now(*state_));
         stage_ = Stage::kAwaitingAdmit;
         return;
       }

@@ -10,6 +10,7 @@
 //   route.hpp           Algorithm 1, Route
 //   admit.hpp           Algorithm 2, AdmissionController (decode-worker side)
 //   dispatch.hpp        Algorithm 3, DispatchOp (I/O-free) and Dispatch (blocking)
+//   health.hpp          per-worker circuit breakers (worker health)
 //   index/              cache indexes: naive reference, placement estimate,
 //                       fast estimate (one table, bisection overlap), KV events
 //
@@ -22,6 +23,7 @@
 #include "kvc_router/concepts.hpp"
 #include "kvc_router/config.hpp"
 #include "kvc_router/dispatch.hpp"
+#include "kvc_router/health.hpp"
 #include "kvc_router/index/estimate_index.hpp"
 #include "kvc_router/index/fast_index.hpp"
 #include "kvc_router/index/kv_event_index.hpp"

@@ -11,6 +11,14 @@
 //     compared lexicographically, never folded into one number; the final tie
 //     goes to the lowest worker id, so decisions are deterministic.
 // Route never looks at capacity: that reaches it only through rejections.
+// Elastic membership: draining and removed workers are never candidates
+// (RoutingState::DrainDecodeWorker / RemoveDecodeWorker).
+// Worker health (health.hpp): workers whose circuit breaker is open are left
+// out like tried ones, unless no other untried worker is left, in which case
+// they are asked anyway. Rejections a worker answered since it last admitted
+// (RoutingState::reject_pressure) count as inflight load, but only when the
+// session has no pin and no candidate has overlap: the order for sessions
+// with residency is the seed's.
 // (Beyond the seed, RouterConfig::place_by_room ranks sessions that have no
 // residency, neither a pin nor overlap on any candidate, by the room the
 // workers reported instead; see RouteInputs::room. Off by default.)
@@ -62,15 +70,22 @@ struct RouteInputs {
   //   (room >= input_tokens, -inflight, -assigned, room), ties: lowest id.
   std::span<const uint64_t> room;
   uint64_t input_tokens = 0;
+  // Worker health: workers to leave out while any other untried one is
+  // left (open circuit breakers); may be null.
+  const detail::WorkerMask* unhealthy = nullptr;
+  // Rejections since each worker's last admission; empty means all zero.
+  // Added to inflight when the session has no pin and no candidate overlap.
+  std::span<const uint64_t> pressure;
 };
 
 namespace detail {
 
-// The untried, non-blacklisted worker with the largest key(d) (strictly
-// larger only, so an equal key keeps the lower id); when every untried worker
-// is blacklisted, the one with the fewest rejections (degenerate = true).
-template <class Key>
-RouteChoice LargestKeyOrLeastRejected(const RouteInputs& in, Key key) {
+// The non-excluded, non-blacklisted worker with the largest key(d) (strictly
+// larger only, so an equal key keeps the lower id); when every such worker is
+// blacklisted, the non-excluded one with the fewest rejections
+// (degenerate = true).
+template <class Excluded, class Key>
+RouteChoice LargestKeyOrLeastRejected(const RouteInputs& in, Excluded excluded, Key key) {
   const auto num_workers = static_cast<WorkerId>(in.overlap.size());
   auto rejects_on = [&](WorkerId d) -> uint32_t {
     return d < in.rejects.size() ? in.rejects[d] : 0;
@@ -79,7 +94,7 @@ RouteChoice LargestKeyOrLeastRejected(const RouteInputs& in, Key key) {
   decltype(key(WorkerId{0})) best_key{};
   WorkerId least_rejected = kNoWorker;
   for (WorkerId d = 0; d < num_workers; ++d) {
-    if (in.tried != nullptr && in.tried->Contains(d)) continue;
+    if (excluded(d)) continue;
     const uint32_t rejects = rejects_on(d);
     if (least_rejected == kNoWorker || rejects < rejects_on(least_rejected)) {
       least_rejected = d;
@@ -100,28 +115,49 @@ RouteChoice LargestKeyOrLeastRejected(const RouteInputs& in, Key key) {
 // Algorithm 1 on arrays. All spans but `rejects` have one entry per worker.
 inline RouteChoice SelectDecodeWorker(const RouteInputs& in) {
   const auto num_workers = static_cast<WorkerId>(in.overlap.size());
-  // The pin is residency too (a prefix shorter than a block leaves no
-  // overlap): only a session with neither is placed by room.
-  bool by_room = !in.room.empty() && in.pin == kNoWorker;
-  for (WorkerId d = 0; d < num_workers && by_room; ++d) {
-    const bool usable = (in.tried == nullptr || !in.tried->Contains(d)) &&
-                        (d >= in.rejects.size() || in.rejects[d] < in.reject_threshold);
-    if (usable && in.overlap[d] > 0) by_room = false;
+  auto was_tried = [&](WorkerId d) { return in.tried != nullptr && in.tried->Contains(d); };
+  // Unhealthy workers count as tried unless nothing else is left.
+  bool skip_unhealthy = false;
+  if (in.unhealthy != nullptr) {
+    for (WorkerId d = 0; d < num_workers && !skip_unhealthy; ++d) {
+      skip_unhealthy = !was_tried(d) && !in.unhealthy->Contains(d);
+    }
   }
-  if (by_room) {
-    return detail::LargestKeyOrLeastRejected(in, [&](WorkerId d) {
+  auto is_tried = [&](WorkerId d) {
+    return was_tried(d) || (skip_unhealthy && in.unhealthy->Contains(d));
+  };
+  // Whether no usable candidate holds any of the session's prefix.
+  auto no_overlap = [&] {
+    for (WorkerId d = 0; d < num_workers; ++d) {
+      const bool blacklisted = d < in.rejects.size() && in.rejects[d] >= in.reject_threshold;
+      if (!is_tried(d) && !blacklisted && in.overlap[d] > 0) return false;
+    }
+    return true;
+  };
+  // The pin is residency too (a prefix shorter than a block leaves no
+  // overlap): only a session with neither is placed by room, and only for
+  // such a session do rejections count as load.
+  const bool no_residency =
+      in.pin == kNoWorker && (!in.room.empty() || !in.pressure.empty()) && no_overlap();
+  if (no_residency && !in.room.empty()) {
+    return detail::LargestKeyOrLeastRejected(in, is_tried, [&](WorkerId d) {
       const uint64_t room = d < in.room.size() ? in.room[d] : kUnknownRoomTokens;
       return std::tuple<bool, int64_t, int64_t, uint64_t>{
           room >= in.input_tokens, -static_cast<int64_t>(in.inflight[d]),
           -static_cast<int64_t>(in.assigned[d]), room};
     });
   }
+  const bool fresh = no_residency && !in.pressure.empty();
+  auto pressure_on = [&](WorkerId d) -> uint64_t {
+    return fresh && d < in.pressure.size() ? in.pressure[d] : 0;
+  };
   // The seed's lexicographic key; larger is better in every component.
-  return detail::LargestKeyOrLeastRejected(in, [&](WorkerId d) {
+  return detail::LargestKeyOrLeastRejected(in, is_tried, [&](WorkerId d) {
     const bool sticky = d == in.pin;
     return std::tuple<uint64_t, bool, int64_t, int64_t>{
         uint64_t{in.overlap[d]} + (sticky ? in.sticky_bonus : 0), sticky,
-        -static_cast<int64_t>(in.inflight[d]), -static_cast<int64_t>(in.assigned[d])};
+        -static_cast<int64_t>(in.inflight[d] + pressure_on(d)),
+        -static_cast<int64_t>(in.assigned[d])};
   });
 }
 
@@ -144,9 +180,48 @@ RouteChoice RouteLocked(const RoutingState<Index>& state, const Request& request
   in.sticky_bonus = config.sticky_bonus;
   in.reject_threshold = config.reject_threshold;
   in.tried = tried;
+  // Draining and removed workers count as tried (built only when there are).
+  const auto& status = StateAccess::DecodeStatus(state);
+  WorkerMask excluded;
+  for (WorkerId d = 0; d < status.size(); ++d) {
+    if (status[d] == WorkerStatus::kActive) continue;
+    if (in.tried == tried) {
+      excluded = tried != nullptr ? *tried : WorkerMask(config.num_decode_workers);
+      in.tried = &excluded;
+    }
+    excluded.Insert(d);
+  }
   if (config.place_by_room) {
     in.room = StateAccess::LearnedRoom(state);
     in.input_tokens = MakeAdmitQuery(request, config.block_tokens).input_tokens;
+  }
+  // Reject pressure and health: a clock read and a pass over the workers
+  // only when some worker has pressure or an open breaker.
+  const auto& health = StateAccess::Health(state);
+  const bool any_pressure = StateAccess::AnyPressure(state);
+  const bool any_open = health.config().enabled && health.any_open();
+  const absl::Time now =
+      any_pressure || any_open ? StateAccess::Now(state) : absl::InfinitePast();
+  // Reject pressure, copied only when some worker has any.
+  absl::InlinedVector<uint64_t, 64> pressure;
+  for (WorkerId d = 0; any_pressure && d < config.num_decode_workers; ++d) {
+    const uint64_t p = StateAccess::PressureOf(state, d, now);
+    if (p == 0) continue;
+    if (pressure.empty()) pressure.assign(config.num_decode_workers, 0);
+    pressure[d] = p;
+  }
+  in.pressure = std::span<const uint64_t>(pressure.data(), pressure.size());
+  // Open circuit breakers (worker health); built only when there is one.
+  WorkerMask unhealthy;
+  if (any_open) {
+    bool any = false;
+    for (WorkerId d = 0; d < config.num_decode_workers; ++d) {
+      if (health.Routable(d, now)) continue;
+      if (!any) unhealthy = WorkerMask(config.num_decode_workers);
+      any = true;
+      unhealthy.Insert(d);
+    }
+    if (any) in.unhealthy = &unhealthy;
   }
   const auto& sessions = StateAccess::Sessions(state);
   if (auto it = sessions.find(request.session); it != sessions.end()) {

@@ -11,6 +11,15 @@
 // and no lock is ever held across I/O (the dispatch state machine releases it
 // before the caller sends an RPC).
 //
+// Elastic membership (with an ElasticCacheIndex): AddDecodeWorker,
+// DrainDecodeWorker, RemoveDecodeWorker and their prefill twins change the
+// pools at runtime, with requests in flight. A draining worker gets no new
+// requests (its sessions move on their next turn) while what runs there
+// finishes; a removed worker's pins, rejection counters, load and residency
+// are forgotten, and its slot is reused by a later Add once its last request
+// completed. Worker ids are slots: 0..num_decode_workers()-1, some of which
+// may be removed.
+//
 // Bounded memory: a session that has nothing in flight and no request for
 // `RouterConfig::session_idle_ttl` is forgotten, and at most
 // `RouterConfig::max_sessions` sessions are kept (least recently seen idle
@@ -41,6 +50,7 @@
 #include "absl/time/time.h"
 #include "kvc_router/concepts.hpp"
 #include "kvc_router/config.hpp"
+#include "kvc_router/health.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router {
@@ -55,6 +65,13 @@ using Clock = std::function<absl::Time()>;
 inline Clock SystemClock() {
   return [] { return absl::Now(); };
 }
+
+// A worker slot's membership (elastic membership).
+enum class WorkerStatus : uint8_t {
+  kActive,    // routed to
+  kDraining,  // no new requests; requests placed there finish
+  kRemoved,   // gone: never routed to; the slot is free for a later Add
+};
 
 template <CacheIndex Index>
 class RoutingState {
@@ -79,8 +96,141 @@ class RoutingState {
   RoutingState(const RoutingState&) = delete;
   RoutingState& operator=(const RoutingState&) = delete;
 
+  // The configuration; num_decode_workers / num_prefill_workers are the
+  // current slot counts (they grow with Add*Worker; read them through the
+  // accessors below when workers may be added concurrently).
   const RouterConfig& config() const { return config_; }
-  uint32_t num_decode_workers() const { return config_.num_decode_workers; }
+  uint32_t num_decode_workers() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return config_.num_decode_workers;
+  }
+  uint32_t num_prefill_workers() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return config_.num_prefill_workers;
+  }
+
+  // --- elastic membership ------------------------------------------------
+  WorkerStatus decode_status(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return worker < decode_status_.size() ? decode_status_[worker] : WorkerStatus::kRemoved;
+  }
+  WorkerStatus prefill_status(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return worker < prefill_status_.size() ? prefill_status_[worker] : WorkerStatus::kRemoved;
+  }
+  uint32_t num_active_decode_workers() const {
+    absl::ReaderMutexLock lock(&mu_);
+    return CountActive(decode_status_);
+  }
+
+  // A new decode worker joins; returns its id: the lowest removed slot with
+  // nothing left in flight, else a new slot (the index grows). Errors past
+  // kMaxWorkers slots.
+  absl::StatusOr<WorkerId> AddDecodeWorker()
+    requires ElasticCacheIndex<Index>
+  {
+    absl::MutexLock lock(&mu_);
+    WorkerId slot = kNoWorker;
+    for (WorkerId d = 0; d < decode_status_.size(); ++d) {
+      if (decode_status_[d] == WorkerStatus::kRemoved && inflight_[d] == 0) {
+        slot = d;
+        break;
+      }
+    }
+    if (slot == kNoWorker) {
+      if (decode_status_.size() >= kMaxWorkers) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "AddDecodeWorker: all ", kMaxWorkers,
+            " decode slots (kMaxWorkers) are taken or still finishing requests"));
+      }
+      slot = static_cast<WorkerId>(decode_status_.size());
+      const uint32_t n = slot + 1;
+      index_.ResizeWorkers(n);
+      inflight_.resize(n, 0);
+      assigned_.resize(n, 0);
+      learned_room_.resize(n, kUnknownRoomTokens);
+      pressure_.resize(n, 0);
+      pressure_at_.resize(n);
+      health_.Resize(n);
+      decode_status_.resize(n, WorkerStatus::kRemoved);
+      config_.num_decode_workers = n;
+    }
+    ResetDecodeSlotLocked(slot);
+    decode_status_[slot] = WorkerStatus::kActive;
+    return slot;
+  }
+
+  // `worker` takes no new requests; those placed there finish, and its
+  // sessions move on their next turn. Refused for the last active worker.
+  absl::Status DrainDecodeWorker(WorkerId worker) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckLeavingLocked(decode_status_, worker, "DrainDecodeWorker", "decode");
+        !s.ok()) {
+      return s;
+    }
+    decode_status_[worker] = WorkerStatus::kDraining;
+    return absl::OkStatus();
+  }
+
+  // `worker` is gone: its pins, rejection counters, load figures, health
+  // and residency are forgotten, and its sessions reseed elsewhere. Requests
+  // still running there release their inflight when they complete; the slot
+  // is reused once none is left. Refused for the last active worker.
+  absl::Status RemoveDecodeWorker(WorkerId worker)
+    requires ElasticCacheIndex<Index>
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckLeavingLocked(decode_status_, worker, "RemoveDecodeWorker", "decode");
+        !s.ok()) {
+      return s;
+    }
+    decode_status_[worker] = WorkerStatus::kRemoved;
+    for (auto& [id, session] : sessions_) {
+      if (session.pin == worker) session.pin = kNoWorker;
+      if (worker < session.rejects.size()) session.rejects[worker] = 0;
+    }
+    ResetDecodeSlotLocked(worker);
+    return absl::OkStatus();
+  }
+
+  // The prefill twins: Seed/Reseed and Fallback round-robin over active
+  // prefill workers. A removed prefill slot is reused by the next Add (the
+  // router keeps no per-prefill counters).
+  absl::StatusOr<WorkerId> AddPrefillWorker() {
+    absl::MutexLock lock(&mu_);
+    for (WorkerId p = 0; p < prefill_status_.size(); ++p) {
+      if (prefill_status_[p] == WorkerStatus::kRemoved) {
+        prefill_status_[p] = WorkerStatus::kActive;
+        return p;
+      }
+    }
+    if (prefill_status_.size() >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "AddPrefillWorker: all ", kMaxWorkers, " prefill slots (kMaxWorkers) are taken"));
+    }
+    prefill_status_.push_back(WorkerStatus::kActive);
+    config_.num_prefill_workers = static_cast<uint32_t>(prefill_status_.size());
+    return static_cast<WorkerId>(prefill_status_.size() - 1);
+  }
+  absl::Status DrainPrefillWorker(WorkerId worker) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckLeavingLocked(prefill_status_, worker, "DrainPrefillWorker", "prefill");
+        !s.ok()) {
+      return s;
+    }
+    prefill_status_[worker] = WorkerStatus::kDraining;
+    return absl::OkStatus();
+  }
+  absl::Status RemovePrefillWorker(WorkerId worker) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s =
+            CheckLeavingLocked(prefill_status_, worker, "RemovePrefillWorker", "prefill");
+        !s.ok()) {
+      return s;
+    }
+    prefill_status_[worker] = WorkerStatus::kRemoved;
+    return absl::OkStatus();
+  }
 
   // pin[s]: the decode worker that last admitted s, or kNoWorker.
   WorkerId pin(SessionId session) const {
@@ -110,6 +260,25 @@ class RoutingState {
     absl::ReaderMutexLock lock(&mu_);
     return worker < learned_room_.size() ? learned_room_[worker] : kUnknownRoomTokens;
   }
+  // Worker health (RouterConfig::health): the state of `worker`'s circuit
+  // breaker now, and how often it opened.
+  BreakerState worker_health(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return health_.state(worker, clock_());
+  }
+  uint64_t breaker_opens(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return health_.times_opened(worker);
+  }
+  // Rejections (capacity or worker-unavailable) `worker` answered since it
+  // last admitted a request, forgotten once none came for
+  // RouterConfig::health.failure_window. Route counts them as load when it
+  // places a session with no pin and no overlap anywhere, so a worker that
+  // refuses stops attracting new sessions; sessions with residency ignore it.
+  uint64_t reject_pressure(WorkerId worker) const {
+    absl::ReaderMutexLock lock(&mu_);
+    return PressureLocked(worker, clock_());
+  }
   uint64_t total_inflight() const {
     absl::ReaderMutexLock lock(&mu_);
     uint64_t total = 0;
@@ -129,12 +298,12 @@ class RoutingState {
 
   // Decode worker `worker` dropped `session` from its cache: the index forgets it.
   absl::Status OnSessionEvicted(WorkerId worker, SessionId session) {
+    absl::MutexLock lock(&mu_);
     if (worker >= config_.num_decode_workers) {
       return absl::InvalidArgumentError(absl::StrCat(
           "OnSessionEvicted: decode worker ", worker, " does not exist (|D|=",
           config_.num_decode_workers, ")"));
     }
-    absl::MutexLock lock(&mu_);
     index_.ForgetSession(worker, session);
     // place_by_room: a session evicted from its pinned worker has no
     // residency left there, so its next turn is placed by room.
@@ -150,7 +319,7 @@ class RoutingState {
   // the worker decoded a turn's output and the gateway hashed it.
   absl::Status LearnResidency(WorkerId worker, SessionId session,
                               std::span<const BlockHash> chain) {
-    if (worker >= config_.num_decode_workers) {
+    if (worker >= num_decode_workers()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "LearnResidency: decode worker ", worker, " does not exist (|D|=",
           config_.num_decode_workers, ")"));
@@ -161,6 +330,10 @@ class RoutingState {
           config_.max_prefix_blocks));
     }
     absl::MutexLock lock(&mu_);
+    if (decode_status_[worker] == WorkerStatus::kRemoved) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("LearnResidency: decode worker ", worker, " was removed"));
+    }
     index_.Learn(worker, session, chain);
     return absl::OkStatus();
   }
@@ -223,8 +396,51 @@ class RoutingState {
         index_(std::move(index)),
         inflight_(config.num_decode_workers, 0),
         assigned_(config.num_decode_workers, 0),
-        learned_room_(config.num_decode_workers, kUnknownRoomTokens) {
+        learned_room_(config.num_decode_workers, kUnknownRoomTokens),
+        pressure_(config.num_decode_workers, 0),
+        pressure_at_(config.num_decode_workers),
+        health_(config.health, config.num_decode_workers),
+        decode_status_(config.num_decode_workers, WorkerStatus::kActive),
+        prefill_status_(config.num_prefill_workers, WorkerStatus::kActive) {
     last_sweep_ = clock_();
+  }
+
+  static uint32_t CountActive(const std::vector<WorkerStatus>& status) {
+    return static_cast<uint32_t>(std::count(status.begin(), status.end(), WorkerStatus::kActive));
+  }
+
+  // Drain/Remove preconditions: the worker exists, is not removed, and is
+  // not the pool's last active worker.
+  static absl::Status CheckLeavingLocked(const std::vector<WorkerStatus>& status,
+                                         WorkerId worker, const char* what, const char* pool) {
+    if (worker >= status.size() || status[worker] == WorkerStatus::kRemoved) {
+      return absl::NotFoundError(
+          absl::StrCat(what, ": ", pool, " worker ", worker, " does not exist"));
+    }
+    if (status[worker] == WorkerStatus::kActive && CountActive(status) == 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": ", pool, " worker ", worker, " is the last active one of its pool"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A decode slot forgets its worker (removal) or starts fresh (add).
+  // Callers hold mu_ exclusively.
+  void ResetDecodeSlotLocked(WorkerId worker)
+    requires ElasticCacheIndex<Index>
+  {
+    index_.ForgetWorker(worker);
+    assigned_[worker] = 0;
+    learned_room_[worker] = kUnknownRoomTokens;
+    num_pressured_ -= pressure_[worker] != 0 ? 1 : 0;
+    pressure_[worker] = 0;
+    health_.Reset(worker);
+  }
+
+  uint64_t PressureLocked(WorkerId worker, absl::Time now) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    if (worker >= pressure_.size() || pressure_[worker] == 0) return 0;
+    return now - pressure_at_[worker] > config_.health.failure_window ? 0 : pressure_[worker];
   }
 
   SessionEntry& TouchSessionLocked(SessionId session, absl::Time now)
@@ -268,7 +484,7 @@ class RoutingState {
     return before - sessions_.size();
   }
 
-  const RouterConfig config_;
+  RouterConfig config_;  // worker counts change under mu_ (elastic membership)
   const Clock clock_;
   mutable absl::Mutex mu_;
   Index index_ ABSL_GUARDED_BY(mu_);
@@ -276,6 +492,12 @@ class RoutingState {
   std::vector<uint64_t> inflight_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> assigned_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> learned_room_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> pressure_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> pressure_at_ ABSL_GUARDED_BY(mu_);  // last rejection
+  int64_t num_pressured_ ABSL_GUARDED_BY(mu_) = 0;           // workers with pressure != 0
+  WorkerHealth health_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerStatus> decode_status_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerStatus> prefill_status_ ABSL_GUARDED_BY(mu_);
   uint64_t prefill_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t decode_cursor_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_);
@@ -300,21 +522,74 @@ struct StateAccess {
   static auto& Assigned(State& state) { return state.assigned_; }
   template <class State>
   static auto& LearnedRoom(State& state) { return state.learned_room_; }
+  // Reject pressure of `worker` at `now` (0 once it is older than the window).
+  template <class State>
+  static uint64_t PressureOf(State& state, WorkerId worker, absl::Time now) {
+    return state.PressureLocked(worker, now);
+  }
+  // Records an answer of `worker` for its reject pressure.
+  template <class State>
+  static void NotePressure(State& state, WorkerId worker, bool admitted, absl::Time now) {
+    uint64_t& pressure = state.pressure_[worker];
+    const bool had = pressure != 0;
+    if (admitted) {
+      pressure = 0;
+    } else {
+      if (state.PressureLocked(worker, now) == 0) pressure = 0;
+      ++pressure;
+      state.pressure_at_[worker] = now;
+    }
+    state.num_pressured_ += (pressure != 0) - static_cast<int>(had);
+  }
+  // False when no worker has any reject pressure (Route skips that pass).
+  template <class State>
+  static bool AnyPressure(State& state) { return state.num_pressured_ > 0; }
+  template <class State>
+  static auto& Health(State& state) { return state.health_; }
   template <class State>
   static absl::Time Now(State& state) { return state.clock_(); }
+  template <class State>
+  static const std::vector<WorkerStatus>& DecodeStatus(State& state) {
+    return state.decode_status_;
+  }
   template <class State>
   static auto& TouchSession(State& state, SessionId session, absl::Time now) {
     return state.TouchSessionLocked(session, now);
   }
   // Round-robin cursors; kNoWorker when the pool is empty.
+  // Round-robin over active workers (elastic membership). A pool whose
+  // workers are all draining still serves (never happens through the API:
+  // the last active worker cannot leave).
   template <class State>
   static WorkerId NextPrefill(State& state) {
     const uint32_t n = state.config_.num_prefill_workers;
-    return n == 0 ? kNoWorker : static_cast<WorkerId>(state.prefill_cursor_++ % n);
+    if (n == 0) return kNoWorker;
+    for (uint32_t i = 0; i < n; ++i) {
+      const auto p = static_cast<WorkerId>((state.prefill_cursor_ + i) % n);
+      if (state.prefill_status_[p] == WorkerStatus::kActive) {
+        state.prefill_cursor_ += i + 1;
+        return p;
+      }
+    }
+    return static_cast<WorkerId>(state.prefill_cursor_++ % n);
   }
+  // The fallback's round-robin decode worker: the next one whose breaker
+  // lets requests through, or plain round-robin when none does.
   template <class State>
   static WorkerId NextDecode(State& state) {
-    return static_cast<WorkerId>(state.decode_cursor_++ % state.config_.num_decode_workers);
+    const uint32_t n = state.config_.num_decode_workers;
+    const absl::Time now = state.clock_();
+    // Active and healthy first, then any active worker.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint32_t i = 0; i < n; ++i) {
+        const auto d = static_cast<WorkerId>((state.decode_cursor_ + i) % n);
+        if (state.decode_status_[d] != WorkerStatus::kActive) continue;
+        if (pass == 0 && !state.health_.Routable(d, now)) continue;
+        state.decode_cursor_ += i + 1;
+        return d;
+      }
+    }
+    return static_cast<WorkerId>(state.decode_cursor_++ % n);
   }
 };
 

@@ -482,6 +482,29 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
   AddNumber(app, "--admit-rpc", c.admit_rpc_s, "admission RPC round trip, s")->group(cost);
 
   // Output.
+  // Fault injection (kvc_sim/faults.hpp; docs/reliability.md).
+  const std::string faults = "fault injection (off by default)";
+  sim::FaultConfig& fault = o.sim.faults;
+  AddNumber(app, "--fault-seed", fault.seed, "seed of every injected fault")->group(faults);
+  AddNumber(app, "--fault-crash-interval", fault.crash_interval_s,
+            "mean seconds between instance crashes (lose idle KV, RPCs fail), 0 = none")
+      ->group(faults);
+  AddNumber(app, "--fault-crash-downtime", fault.crash_downtime_s,
+            "seconds a crashed instance answers no admission RPC")
+      ->group(faults);
+  AddNumber(app, "--fault-rpc-timeout", fault.rpc_timeout_rate,
+            "probability that an admission RPC times out")
+      ->group(faults);
+  AddNumber(app, "--fault-event-drop", fault.event_drop_rate,
+            "probability that an eviction event is lost")
+      ->group(faults);
+  AddNumber(app, "--fault-event-duplicate", fault.event_duplicate_rate,
+            "probability that an eviction event is delivered twice")
+      ->group(faults);
+  AddNumber(app, "--fault-event-reorder", fault.event_reorder_rate,
+            "probability that an eviction event arrives after later ones")
+      ->group(faults);
+
   const std::string out = "output";
   app.add_option("--json", o.json_path, "results as JSON (top-level \"policies\" array)")
       ->type_name("PATH")
@@ -730,6 +753,15 @@ int Run(int argc, char** argv) {
   }
 
   std::cout << sim::FormatTable(report, wall);
+  if (o.sim.faults.any()) {
+    for (const sim::PolicyResult& r : report.results) {
+      std::cout << absl::StrFormat(
+          "faults %-18s crashes %d (sessions lost %d), RPC timeouts %d, events dropped %d, "
+          "duplicated %d, reordered %d\n",
+          r.name, r.faults.crashes, r.faults.sessions_lost, r.faults.rpc_timeouts,
+          r.faults.events_dropped, r.faults.events_duplicated, r.faults.events_reordered);
+    }
+  }
   std::cout.flush();
   int rc = 0;
   auto fail = [&rc](const absl::Status& s) {

@@ -16,7 +16,13 @@ class WorkerMask {
   WorkerMask() = default;
   explicit WorkerMask(uint32_t num_workers) : words_((num_workers + 63) / 64, 0) {}
 
-  void Insert(WorkerId worker) { words_[worker / 64] |= uint64_t{1} << (worker % 64); }
+  // Grows when `worker` is past the size it was made for (workers added at
+  // runtime).
+  void Insert(WorkerId worker) {
+    const size_t word = worker / 64;
+    if (word >= words_.size()) words_.resize(word + 1, 0);
+    words_[word] |= uint64_t{1} << (worker % 64);
+  }
   bool Contains(WorkerId worker) const {
     const size_t word = worker / 64;
     return word < words_.size() && (words_[word] >> (worker % 64)) & 1;

@@ -68,6 +68,14 @@ class EstimateIndex {
     w.sessions.Forget(session, [&w](BlockHash h) { Unref(w, h); });
   }
 
+  // Elastic membership (ElasticCacheIndex): grow to `num_workers` workers;
+  // forget everything `worker` holds.
+  void ResizeWorkers(uint32_t num_workers) {
+    if (num_workers > workers_.size()) workers_.resize(num_workers);
+  }
+  void ForgetWorker(WorkerId worker) {
+    if (worker < workers_.size()) workers_[worker] = Worker();
+  }
   // Blocks (session, worker) entries the estimate holds for `worker`.
   uint64_t resident_blocks(WorkerId worker) const {
     return worker < workers_.size() ? workers_[worker].sessions.total_blocks() : 0;

@@ -77,6 +77,19 @@ class FastIndex {
     workers_[worker].sessions.Forget(session, [&](BlockHash h) { Unref(worker, h); });
   }
 
+  // Elastic membership (ElasticCacheIndex): grow to `num_workers` workers
+  // (at most kMaxWorkers; the table re-encodes in place when |D| passes a
+  // multiple of 64); forget everything `worker` holds.
+  void ResizeWorkers(uint32_t num_workers) {
+    if (num_workers <= workers_.size()) return;
+    table_.Resize(num_workers);
+    workers_.resize(num_workers);
+  }
+  void ForgetWorker(WorkerId worker) {
+    if (worker >= workers_.size()) return;
+    entries_ -= table_.EraseWorker(worker);
+    workers_[worker] = Worker();
+  }
   bool Contains(WorkerId worker, BlockHash hash) const {
     return worker < workers_.size() && table_.Contains(hash, worker);
   }

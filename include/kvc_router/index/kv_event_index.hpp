@@ -258,6 +258,21 @@ class KvEventIndex {
 
   void ForgetSession(WorkerId, SessionId) {}
 
+  // Elastic membership (ElasticCacheIndex): grow to `num_workers` workers
+  // (at most kMaxWorkers); forget everything `worker` holds, including its
+  // event sequence, held batches and engine-hash map (a worker joining in
+  // the slot starts at sequence 0).
+  void ResizeWorkers(uint32_t num_workers) {
+    if (num_workers <= workers_.size()) return;
+    table_.Resize(num_workers);
+    workers_.resize(num_workers);
+  }
+  void ForgetWorker(WorkerId worker) {
+    if (worker >= workers_.size()) return;
+    ClearWorker(worker);
+    workers_[worker] = Worker();
+  }
+
   // Whether `worker` holds the block with router hash `hash`.
   bool Contains(WorkerId worker, BlockHash hash) const {
     return worker < workers_.size() && table_.Contains(hash, worker);

@@ -67,6 +67,14 @@ class NaiveIndex {
     }
   }
 
+  // Elastic membership (ElasticCacheIndex): grow to `num_workers` workers;
+  // forget everything `worker` holds.
+  void ResizeWorkers(uint32_t num_workers) {
+    if (num_workers > workers_.size()) workers_.resize(num_workers);
+  }
+  void ForgetWorker(WorkerId worker) {
+    if (worker < workers_.size()) workers_[worker] = Worker();
+  }
   bool Contains(WorkerId worker, BlockHash hash) const {
     return worker < workers_.size() && workers_[worker].block_refs.contains(hash);
   }

@@ -36,6 +36,11 @@
 //  - CheckInflightReturnsToZero: with ops completed, dropped, moved, completed
 //    twice, and transports that fail or throw, inflight always equals the
 //    placed-and-unfinished requests and ends at zero on every worker.
+//  - CheckMembershipChurn (ElasticCacheIndex only; not in CheckAllProperties):
+//    requests in flight while decode and prefill workers are added, drained
+//    and removed (some while their admission RPC is out): inflight always
+//    matches, no request is routed to a draining or removed worker, a
+//    removed worker keeps no pin and no residency, everything ends at zero.
 //
 // Assumptions on the index under test: it answers overlap for what it was
 // taught, and it does not evict within a scenario (scenarios stay far below
@@ -81,6 +86,13 @@ struct PropertyOptions {
   // cost rule (AdmissionConfig::direct_cost) with incremental accounting
   // half of the time, as the seed's checks draw it.
   bool adaptive = false;
+  // Worker health (RouterConfig::health) on. Off by default: Theorems 1 and
+  // 2 are the seed's, for a router that asks every worker; with the breaker
+  // a worker whose RPCs failed is skipped for a cooldown, so the fast path
+  // additionally needs the pinned worker's breaker closed. The invariants
+  // and bounded migration (counting a skipped open pin as a rejection) hold
+  // either way.
+  bool worker_health = false;
 };
 
 // Scenario randomness: the same stream on every platform and standard library.
@@ -157,6 +169,7 @@ inline RouterConfig RandomConfig(ScenarioRng& rng, const PropertyOptions& option
       static_cast<uint32_t>(rng.Uniform(0, config.num_decode_workers));
   config.block_tokens = static_cast<uint32_t>(rng.Uniform(1, 64));
   config.place_by_room = options.adaptive;
+  config.health.enabled = options.worker_health;
   return config;
 }
 
@@ -629,6 +642,9 @@ absl::Status CheckBoundedMigration(MakeIndex make_index, const PropertyOptions& 
       Request request = s.NextTurn(rng, rng.Uniform(0, 4), config.block_tokens, 0);
       const WorkerId pin = (*state)->pin(s.id);
       const bool pin_blacklisted = pin != kNoWorker && (*state)->rejects(s.id, pin) >= tau;
+      // An open breaker (worker health) skips the pin like a blacklist.
+      const bool pin_unhealthy =
+          pin != kNoWorker && (*state)->worker_health(pin) != BreakerState::kClosed;
       detail::Trace trace;
       // Workers in `fits` admit except for occasional flaky refusals; the
       // others always refuse.
@@ -640,13 +656,15 @@ absl::Status CheckBoundedMigration(MakeIndex make_index, const PropertyOptions& 
           },
           trace);
       if (!op.ok()) return op.status();
-      if (pin != kNoWorker && !pin_blacklisted && trace.asked.front().first != pin) {
+      if (pin != kNoWorker && !pin_blacklisted && !pin_unhealthy &&
+          trace.asked.front().first != pin) {
         return absl::InternalError(absl::StrCat(
             where, "session ", s.id, " is pinned to worker ", pin, " (rejects ",
             (*state)->rejects(s.id, pin), " < tau ", tau, ") but worker ",
             trace.asked.front().first, " was asked first"));
       }
-      bool pin_rejected = false;
+      bool pin_rejected = pin_unhealthy;
+      if (pin_unhealthy) ++pin_rejections[s.id];
       for (const auto& [d, answer] : trace.asked) {
         if (!answer.admitted) {
           ++episode[s.id];
@@ -851,6 +869,120 @@ absl::Status CheckInflightReturnsToZero(MakeIndex make_index,
       if ((*state)->session_inflight(s.id) != 0) {
         return absl::InternalError(absl::StrCat(where, "session ", s.id,
                                                 " ends with requests in flight"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Elastic membership under random churn (see the list at the top).
+template <CacheIndex Index, class MakeIndex>
+  requires ElasticCacheIndex<Index>
+absl::Status CheckMembershipChurn(MakeIndex make_index, const PropertyOptions& options = {}) {
+  for (uint32_t i = 0; i < options.scenarios; ++i) {
+    const uint64_t seed = options.seed + i;
+    const std::string where = detail::Where("Membership churn", seed);
+    ScenarioRng rng(seed);
+    RouterConfig config = detail::RandomConfig(rng, options);
+    config.num_prefill_workers = static_cast<uint32_t>(rng.Uniform(1, 3));
+    detail::FakeClock clock;
+    auto state = detail::MakeState<Index>(make_index, config, clock);
+    if (!state.ok()) return state.status();
+    RoutingState<Index>& st = **state;
+    std::vector<SyntheticSession> sessions;
+    for (SessionId id = 1; id <= rng.Uniform(1, 8); ++id) {
+      sessions.push_back(detail::MakeSession(rng, id, {}));
+    }
+    std::vector<DispatchOp<Index>> open;
+    auto fail = [&](auto&&... what) {
+      return absl::InternalError(absl::StrCat(where, what...));
+    };
+    const size_t steps = rng.Uniform(10, 120);
+    for (size_t step = 0; step < steps; ++step) {
+      const uint64_t action = rng.Uniform(0, 99);
+      const uint32_t slots = st.num_decode_workers();
+      if (action < 40) {
+        SyntheticSession& s = sessions[rng.Uniform(0, sessions.size() - 1)];
+        const Request request = s.NextTurn(rng, rng.Uniform(0, 3), config.block_tokens, 1);
+        auto op = StartDispatch(st, request);
+        if (!op.ok()) return op.status();
+        while (op->awaiting_admit()) {
+          const WorkerId target = op->admit_target();
+          if (st.decode_status(target) != WorkerStatus::kActive) {
+            return fail("session ", s.id, " was routed to non-active worker ", target);
+          }
+          if (rng.Chance(10)) (void)st.RemoveDecodeWorker(target);  // mid-RPC
+          const uint64_t answer = rng.Uniform(0, 9);
+          const AdmitResult result =
+              answer < 6   ? AdmitResult::Admitted(request.turn == 0 ? DecisionMode::kSeed
+                                                                     : DecisionMode::kReseed)
+              : answer < 9 ? AdmitResult::Rejected(RejectReason::kNoDCapacity)
+                           : AdmitResult::Rejected(RejectReason::kWorkerUnavailable);
+          if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) return fed;
+        }
+        const WorkerId placed = op->decision().decode;
+        if (st.decode_status(placed) != WorkerStatus::kActive) {
+          return fail("session ", s.id, " was placed on non-active worker ", placed);
+        }
+        if (op->decision().prefill != kNoWorker &&
+            st.prefill_status(op->decision().prefill) != WorkerStatus::kActive) {
+          return fail("session ", s.id, " was prefilled on non-active prefill worker ",
+                      op->decision().prefill);
+        }
+        if (op->decision().mode != DecisionMode::kFallback) {
+          (void)st.LearnResidency(placed, s.id, s.chain);
+        }
+        if (rng.Chance(50)) open.push_back(std::move(*op));
+      } else if (action < 65) {
+        if (!open.empty()) {
+          const size_t k = rng.Uniform(0, open.size() - 1);
+          if (rng.Chance(50)) {
+            if (absl::Status done = open[k].Complete(); !done.ok()) return done;
+          }
+          open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+      } else if (action < 75) {
+        if (auto added = st.AddDecodeWorker(); !added.ok()) return added.status();
+      } else if (action < 82) {
+        (void)st.DrainDecodeWorker(static_cast<WorkerId>(rng.Uniform(0, slots - 1)));
+      } else if (action < 92) {
+        const auto d = static_cast<WorkerId>(rng.Uniform(0, slots - 1));
+        if (st.RemoveDecodeWorker(d).ok()) {
+          std::vector<uint32_t> overlap(slots);
+          for (const SyntheticSession& s : sessions) {
+            if (st.pin(s.id) == d) return fail("session ", s.id, " is pinned to removed ", d);
+            st.ReadIndex([&](const Index& index) { index.Overlap(s.chain, overlap); });
+            if (overlap[d] != 0) {
+              return fail("removed worker ", d, " still holds ", overlap[d], " blocks of session ",
+                          s.id);
+            }
+          }
+        }
+      } else if (action < 96) {
+        if (auto added = st.AddPrefillWorker(); !added.ok()) return added.status();
+      } else {
+        (void)st.RemovePrefillWorker(
+            static_cast<WorkerId>(rng.Uniform(0, st.num_prefill_workers() - 1)));
+      }
+      std::vector<uint64_t> expected(st.num_decode_workers(), 0);
+      for (const auto& op : open) {
+        if (op.placed()) ++expected[op.decision().decode];
+      }
+      for (WorkerId d = 0; d < expected.size(); ++d) {
+        if (st.inflight(d) != expected[d]) {
+          return fail("worker ", d, " has inflight ", st.inflight(d), " but ", expected[d],
+                      " requests are placed and unfinished there");
+        }
+      }
+      if (st.num_active_decode_workers() == 0) return fail("no active decode worker is left");
+    }
+    open.clear();
+    if (st.total_inflight() != 0) {
+      return fail("inflight ", st.total_inflight(), " after every request ended");
+    }
+    for (const SyntheticSession& s : sessions) {
+      if (st.session_inflight(s.id) != 0) {
+        return fail("session ", s.id, " ends with requests in flight");
       }
     }
   }

@@ -159,6 +159,16 @@ class SimInstance {
 
   void ReleaseTransient(SessionId pseudo) { (void)admission_.ReleaseSession(pseudo); }
 
+  // Fault injection (faults.hpp): the instance restarts its KV pool and
+  // loses every session with nothing running; appends them to `evicted`.
+  void Crash(std::vector<SessionId>& evicted) {
+    if (!admission_pool_) return;
+    for (SessionId id : admission_.EvictLeastRecentlyUsed(admission_.room_tokens())) {
+      Dropped(id);
+      evicted.push_back(id);
+    }
+  }
+
   // Drops a booked session's cache entry when it is released or evicted.
   void Dropped(SessionId session) {
     auto it = held_.find(session);

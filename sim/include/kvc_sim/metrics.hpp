@@ -17,6 +17,7 @@
 
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_router/types.hpp"
+#include "kvc_sim/faults.hpp"
 
 namespace kvc_router::sim {
 
@@ -94,6 +95,8 @@ struct PolicyResult {
   // caches (every other policy; prefill workers included).
   uint64_t evictions = 0;
   uint64_t evicted_pages = 0;
+  // What injected faults did (SimConfig::faults; all 0 without faults).
+  FaultCounts faults;
   // Requests that waited for KV memory before starting, and requests whose
   // input and output exceed a worker's whole pool (refused, never run).
   uint64_t memory_waits = 0;

@@ -184,6 +184,12 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["kv_backup_tokens"] = p.kv_backup_tokens;
   j["evictions"] = p.evictions;
   j["evicted_pages"] = p.evicted_pages;
+  j["faults"] = {{"crashes", p.faults.crashes},
+                 {"sessions_lost", p.faults.sessions_lost},
+                 {"rpc_timeouts", p.faults.rpc_timeouts},
+                 {"events_dropped", p.faults.events_dropped},
+                 {"events_duplicated", p.faults.events_duplicated},
+                 {"events_reordered", p.faults.events_reordered}};
   j["memory_waits"] = p.memory_waits;
   j["refused_oversize"] = p.refused_oversize;
   j["tokens"] = {{"input", p.input_tokens},

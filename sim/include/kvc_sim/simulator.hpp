@@ -64,6 +64,7 @@
 #include "kvc_router/types.hpp"
 #include "kvc_sim/cost_model.hpp"
 #include "kvc_sim/event_queue.hpp"
+#include "kvc_sim/faults.hpp"
 #include "kvc_sim/instance.hpp"
 #include "kvc_sim/metrics.hpp"
 #include "kvc_sim/page_cache.hpp"
@@ -128,6 +129,8 @@ struct SimConfig {
   uint64_t progress_every = 0;
   // Called once per request when it finished or was refused.
   std::function<void(const RequestRecord&)> on_request;
+  // Injected faults (faults.hpp); none by default.
+  FaultConfig faults;
 
   static AdmissionConfig DefaultAdmission() {
     AdmissionConfig admission;
@@ -139,6 +142,7 @@ struct SimConfig {
     if (absl::Status s = admission.Validate(); !s.ok()) return s;
     if (absl::Status s = cost.Validate(); !s.ok()) return s;
     if (absl::Status s = cluster.Validate(); !s.ok()) return s;
+    if (absl::Status s = faults.Validate(); !s.ok()) return s;
     if (concurrency != 0 && loop == LoopMode::kOpen) {
       return absl::InvalidArgumentError(
           "SimConfig: concurrency limits need the closed loop (open-loop replay issues every "
@@ -212,6 +216,12 @@ class Simulator final : public policy::ClusterView {
           absl::StrCat("instance ", instance, " has no admission controller (policy ", result_.name,
                        " does not declare uses_admission())"));
     }
+    // Injected faults: a crashed instance answers nothing; any RPC may time out.
+    if (now_ < down_until_[instance] || dice_.Chance(config_.faults.rpc_timeout_rate)) {
+      ++result_.faults.rpc_timeouts;
+      return absl::DeadlineExceededError(
+          absl::StrCat("admission RPC to instance ", instance, " timed out (injected)"));
+    }
     Flight& f = flights_[placing_];
     const TraceTurn& t = trace_.turns[f.turn];
     if (query.session != f.request.request.session || query.turn != t.turn ||
@@ -251,6 +261,7 @@ class Simulator final : public policy::ClusterView {
     kGpuWake,       // index: instance; `version` must match
     kFinish,        // index: flight slot; a request with no decode steps
     kBackupDone,    // index: backup job
+    kCrash,         // injected fault; index unused
   };
   struct EventPayload {
     EventType type = EventType::kArrival;
@@ -370,6 +381,11 @@ class Simulator final : public policy::ClusterView {
       }
     }
 
+    down_until_.assign(instances_.size(), -std::numeric_limits<double>::infinity());
+    if (config_.faults.crash_interval_s > 0) {
+      queue_.Push(dice_.Exponential(config_.faults.crash_interval_s),
+                  EventPayload{EventType::kCrash, 0, 0});
+    }
     while (!queue_.empty()) {
       const auto event = queue_.Pop();
       now_ = event.time;
@@ -398,6 +414,9 @@ class Simulator final : public policy::ClusterView {
           break;
         case EventType::kBackupDone:
           OnBackupDone(e.index);
+          break;
+        case EventType::kCrash:
+          OnCrash();
           break;
       }
       if (!failure_.ok()) return failure_;
@@ -918,12 +937,54 @@ class Simulator final : public policy::ClusterView {
   }
 
   // Evictions are reported to the policy after the call that caused them
-  // returned, never while it is placing a request.
+  // returned, never while it is placing a request. Injected faults drop,
+  // duplicate or hold back (reorder) each notification.
   void DeliverEvictions() {
     FlushEvictions();
     if (placing_ != kNoSlot) return;
-    for (const auto& [d, s] : pending_evictions_) policy_.OnEvicted(d, s);
+    if (!config_.faults.any()) {
+      for (const auto& [d, s] : pending_evictions_) policy_.OnEvicted(d, s);
+      pending_evictions_.clear();
+      return;
+    }
+    std::vector<std::pair<WorkerId, SessionId>> held;
+    for (const auto& [d, s] : pending_evictions_) {
+      if (dice_.Chance(config_.faults.event_drop_rate)) {
+        ++result_.faults.events_dropped;
+        continue;
+      }
+      if (dice_.Chance(config_.faults.event_reorder_rate)) {
+        ++result_.faults.events_reordered;
+        held.emplace_back(d, s);
+        continue;
+      }
+      policy_.OnEvicted(d, s);
+      if (dice_.Chance(config_.faults.event_duplicate_rate)) {
+        ++result_.faults.events_duplicated;
+        policy_.OnEvicted(d, s);
+      }
+    }
+    // Held back from the previous delivery: after this one's events.
+    for (const auto& [d, s] : delayed_evictions_) policy_.OnEvicted(d, s);
+    delayed_evictions_ = std::move(held);
     pending_evictions_.clear();
+  }
+
+  // Injected crash: a random instance loses its idle sessions' KV and is
+  // down for crash_downtime_s; the next crash is drawn while work remains.
+  void OnCrash() {
+    const uint32_t d = dice_.Below(static_cast<uint32_t>(instances_.size()));
+    ++result_.faults.crashes;
+    down_until_[d] = now_ + config_.faults.crash_downtime_s;
+    std::vector<SessionId>& sink = EvictionSink(d);
+    const size_t before = sink.size();
+    instances_[d].Crash(sink);
+    result_.faults.sessions_lost += sink.size() - before;
+    DeliverEvictions();
+    if (!queue_.empty()) {
+      queue_.Push(now_ + dice_.Exponential(config_.faults.crash_interval_s),
+                  EventPayload{EventType::kCrash, 0, 0});
+    }
   }
 
   void NotePeak(SimInstance& inst) {
@@ -995,6 +1056,10 @@ class Simulator final : public policy::ClusterView {
   std::vector<SessionId> eviction_scratch_;
   WorkerId eviction_instance_ = 0;
   std::vector<std::pair<WorkerId, SessionId>> pending_evictions_;
+  // Fault injection (SimConfig::faults).
+  FaultDice dice_{config_.faults.seed};
+  std::vector<double> down_until_;
+  std::vector<std::pair<WorkerId, SessionId>> delayed_evictions_;
 
   // Client load.
   std::vector<uint32_t> waiting_sessions_;  // trace order, with a concurrency limit

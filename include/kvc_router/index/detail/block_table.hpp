@@ -36,6 +36,7 @@
 #include <cstring>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,6 +125,44 @@ class BlockTable {
     }
     for (BlockHash hash : held) Erase(hash, worker);
     return held.size();
+  }
+
+  // Elastic membership: the table now covers workers 0..num_workers-1
+  // (never shrinks; at most kMaxEncodableWorkers). Free while the worker-set
+  // encoding stays the same (up to 64 workers, then per 64 more); crossing
+  // one re-encodes the stored sets in place, O(table), keeping every entry.
+  void Resize(uint32_t num_workers) {
+    const uint32_t n = std::min(num_workers, kMaxEncodableWorkers);
+    if (n <= encodable_workers_) {
+      num_workers_ = std::max(num_workers_, num_workers);
+      return;
+    }
+    const bool compact = n > 64;
+    const uint32_t words = std::max<uint32_t>(1, (n + 63) / 64);
+    if (compact == compact_ && words == words_) {
+      encodable_workers_ = n;
+      num_workers_ = std::max(num_workers_, num_workers);
+      return;
+    }
+    std::vector<std::pair<size_t, std::vector<WorkerId>>> sets;
+    sets.reserve(size_);
+    for (size_t slot = 0; slot <= mask_; ++slot) {
+      if (values_[slot] == 0) continue;
+      std::vector<WorkerId> ids;
+      ForEachWorker(values_[slot], [&](WorkerId d) { ids.push_back(d); });
+      sets.emplace_back(slot, std::move(ids));
+    }
+    pool_.clear();
+    free_pool_.clear();
+    compact_ = compact;
+    words_ = words;
+    encodable_workers_ = n;
+    num_workers_ = std::max(num_workers_, num_workers);
+    for (auto& [slot, ids] : sets) {
+      uint64_t value = 0;
+      for (WorkerId d : ids) value = With(value, d);
+      values_[slot] = value;
+    }
   }
 
   // out[d] = length of the leading run of `prefix` that worker d holds,
