@@ -23,6 +23,8 @@ PACKAGES=(
   libcli11-dev      # simulator only: kvc-replay's flags (CLI11 2.1.2)
   python3
   gnuplot-nox
+  clang             # test.sh: libFuzzer targets (fuzz/, scripts/fuzz.sh) and the TSan build
+  libclang-rt-14-dev  # clang 14's libFuzzer and sanitizer runtimes
   # engine adapters (engine/, docs/integration.md): KV events, HTTP, tests
   libmsgpack-cxx-dev  # msgpack-cxx 4.1: vLLM/SGLang KV-event payloads
   cppzmq-dev          # cppzmq 4.9 (zmq.hpp): KV-event SUB/replay sockets
@@ -30,8 +32,6 @@ PACKAGES=(
   libcpp-httplib-dev  # cpp-httplib 0.11: HTTP worker transport, emulator, gateway
   python3-zmq         # Python publisher tests in vLLM's wire format
   python3-msgpack
-  clang             # test.sh: libFuzzer targets (fuzz/, scripts/fuzz.sh) and the TSan build
-  libclang-rt-14-dev  # clang 14's libFuzzer and sanitizer runtimes
 )
 
 log() { printf 'install_deps: %s\n' "$*" >&2; }
