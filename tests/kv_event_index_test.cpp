@@ -371,6 +371,24 @@ TEST_CASE("LoRA adapters never share blocks; other media are not residency",
   CHECK(std::vector<BlockHash>(hasher->hashes().begin(), hasher->hashes().end()) == adapter);
 }
 
+TEST_CASE("a forgotten worker loses its engine-hash map and held batches", "[kv_events][rehash]") {
+  auto index = KvEventIndex::Create(2, {.block_tokens = 16});
+  REQUIRE(index.ok());
+  const auto tokens = Tokens(32, 11);
+  REQUIRE(index->Apply(Batch(0, 0, {EngineStored({1, 2}, std::nullopt, tokens, 16)})).ok());
+  REQUIRE(index->Apply(Batch(0, 3, {BlockRemovedEvent{{2}, ""}})).ok());  // held: gap 1..2
+  CHECK(index->held_batches(0) == 1);
+  index->ForgetWorker(0);
+  CHECK(index->held_batches(0) == 0);
+  CHECK(index->next_sequence(0) == 0);
+  CHECK_FALSE(index->RouterHashOf(0, 1).has_value());
+  CHECK(index->event_blocks(0) == 0);
+  CHECK(OverlapOf(*index, ChainedBlockHashes(tokens, 16)) == std::vector<uint32_t>{0, 0});
+  index->ResizeWorkers(3);
+  REQUIRE(index->Apply(Batch(2, 0, {EngineStored({1, 2}, std::nullopt, tokens, 16)})).ok());
+  CHECK(OverlapOf(*index, ChainedBlockHashes(tokens, 16)) == std::vector<uint32_t>{0, 0, 2});
+}
+
 TEST_CASE("routing a session whose prompt tokens an engine published finds the overlap",
           "[kv_events][rehash][property]") {
   const uint64_t seed = GENERATE(take(100, random(uint64_t{1}, uint64_t{1} << 40)));

@@ -260,7 +260,8 @@ class KvEventIndex {
 
   // Elastic membership (ElasticCacheIndex): grow to `num_workers` workers
   // (at most kMaxWorkers); forget everything `worker` holds, including its
-  // event sequence (a worker joining in the slot starts at sequence 0).
+  // event sequence, held batches and engine-hash map (a worker joining in
+  // the slot starts at sequence 0).
   void ResizeWorkers(uint32_t num_workers) {
     if (num_workers <= workers_.size()) return;
     table_.Resize(num_workers);
