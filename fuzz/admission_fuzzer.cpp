@@ -102,9 +102,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t sum = 0;
     for (kvc_router::SessionId s = 0; s < 8; ++s) sum += admission.resident_tokens(s);
     FUZZ_CHECK(sum == admission.used_tokens());
+    uint64_t busy = 0;  // tokens of sessions with a running request
     for (const auto& [s, n] : running) {
       if (n > 0) FUZZ_CHECK(admission.IsResident(s));
+      if (n > 0) busy += admission.resident_tokens(s);
     }
+    const uint64_t budget = admission.budget_tokens();
+    FUZZ_CHECK(admission.room_tokens() == (busy >= budget ? 0 : budget - busy));
   }
   return 0;
 }

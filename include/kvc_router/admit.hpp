@@ -29,7 +29,6 @@
 //   absl::StatusOr<kvc_router::AdmitResult> result = admit->Admit(query);
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -93,6 +92,8 @@ class AdmissionController {
     if (result->admitted) {
       Session& session = sessions_[query.session];
       used_tokens_ = used_tokens_ - session.tokens + query.input_tokens;
+      if (session.running > 0) busy_tokens_ -= session.tokens;
+      busy_tokens_ += query.input_tokens;
       session.tokens = query.input_tokens;
       ++session.running;
       Touch(query.session, session);
@@ -108,7 +109,7 @@ class AdmissionController {
       return absl::FailedPreconditionError(absl::StrCat(
           "OnRequestFinished: session ", session_id, " has no running request here"));
     }
-    --it->second.running;
+    if (--it->second.running == 0) busy_tokens_ -= it->second.tokens;
     Touch(session_id, it->second);
     return absl::OkStatus();
   }
@@ -129,6 +130,7 @@ class AdmissionController {
     }
     it->second.tokens += tokens;
     used_tokens_ += tokens;
+    if (it->second.running > 0) busy_tokens_ += tokens;
     return absl::OkStatus();
   }
 
@@ -140,6 +142,7 @@ class AdmissionController {
                                               " is not resident"));
     }
     used_tokens_ -= it->second.tokens;
+    if (it->second.running > 0) busy_tokens_ -= it->second.tokens;
     lru_.erase(it->second.last_use);
     sessions_.erase(it);
     return absl::OkStatus();
@@ -177,12 +180,7 @@ class AdmissionController {
   // Tokens an admission could still take: the room below rho*K_d plus the
   // KV of sessions with no running request (what Evict can reclaim).
   uint64_t room_tokens() const {
-    uint64_t idle = 0;
-    for (const auto& [id, session] : sessions_) {
-      if (session.running == 0) idle += session.tokens;
-    }
-    const uint64_t busy = used_tokens_ - std::min(used_tokens_, idle);
-    return busy >= budget_tokens_ ? 0 : budget_tokens_ - busy;
+    return busy_tokens_ >= budget_tokens_ ? 0 : budget_tokens_ - busy_tokens_;
   }
   size_t num_sessions() const { return sessions_.size(); }
   const AdmissionConfig& config() const { return config_; }
@@ -229,6 +227,8 @@ class AdmissionController {
   AdmissionConfig config_;
   uint64_t budget_tokens_;
   uint64_t used_tokens_ = 0;
+  // Tokens of sessions with a running request: what eviction cannot reclaim.
+  uint64_t busy_tokens_ = 0;
   uint64_t use_clock_ = 0;
   uint64_t queued_prefill_tokens_ = 0;
   absl::flat_hash_map<SessionId, Session> sessions_;
