@@ -308,6 +308,40 @@ TEST_CASE("ear: a cool instance keeps its sessions; a hot one sends the next tur
   CHECK_FALSE(ear->PlanMigration(s.Next(3, 1), cluster).has_value());
 }
 
+TEST_CASE("ear: a new session goes where the prefill it waits for and does is least",
+          "[policy][ear]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  auto ear = MakeEar();
+  // Session 1 (a 640-token prompt) lands on 0 and stays cached there.
+  GrowingSession first{1};
+  REQUIRE(Turn(*ear, cluster, first, 0, 40).instance == 0);
+  // A fork of it: 0 caches 640 of its 800 tokens, so 0's 100 queued tokens
+  // plus 160 to compute beat 1's 0 + 800, although 1 runs nothing.
+  cluster.load(0).pending_prefill_tokens = 100;
+  cluster.load(0).running_requests = 6;
+  GrowingSession fork{2, first.chain};
+  CHECK(Turn(*ear, cluster, fork, 1, 10).instance == 0);
+  // When 0's queue outweighs what its cache saves (700 + 160 > 800), the
+  // fork goes to an empty instance: the cache is only worth the work it saves.
+  cluster.load(0).pending_prefill_tokens = 700;
+  GrowingSession fork2{3, first.chain};
+  CHECK(Turn(*ear, cluster, fork2, 2, 10).instance == 1);
+  // Equal work: fewer running requests, then the lowest id.
+  cluster.load(1).pending_prefill_tokens = 50;
+  cluster.load(2).pending_prefill_tokens = 50;
+  cluster.load(3).pending_prefill_tokens = 50;
+  cluster.load(1).running_requests = 3;
+  cluster.load(2).running_requests = 2;
+  cluster.load(3).running_requests = 2;
+  cluster.load(0).pending_prefill_tokens = 50;
+  cluster.load(0).running_requests = 2;
+  GrowingSession fresh{4};
+  CHECK(Turn(*ear, cluster, fresh, 3, 20).instance == 0);
+  GrowingSession fresh2{5};
+  cluster.load(0).running_requests = 4;
+  CHECK(Turn(*ear, cluster, fresh2, 4, 20).instance == 2);
+}
+
 TEST_CASE("ear: when no instance can take the session, the binding stays", "[policy][ear][migration]") {
   FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
   SECTION("every other instance is warm") {
@@ -344,12 +378,12 @@ TEST_CASE("ear: an instance whose live contexts exceed K_d sheds the arriving se
           "[policy][ear][migration]") {
   FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
   auto ear = MakeEar(/*capacity=*/1000);
-  // Sessions 1 and 2 bind to 0 and 1 (LMetric on an idle cluster: 0, then
-  // the instance with the smaller prefill term).
+  // Sessions 1 and 2 bind to different instances (least work; equal work
+  // goes to fewer running requests, then the lowest id).
   GrowingSession a{1};
   GrowingSession b{2};
   REQUIRE(Turn(*ear, cluster, a, 0, 30).instance == 0);
-  // Make 0 look busy so b's first turn goes elsewhere by LMetric.
+  // Make 0 look busy so b's first turn (equal work everywhere) goes elsewhere.
   cluster.load(0).running_requests = 1;
   const WorkerId b_home = Turn(*ear, cluster, b, 1, 10).instance;
   REQUIRE(b_home != 0);
@@ -373,7 +407,8 @@ TEST_CASE("ear: an instance whose live contexts exceed K_d sheds the arriving se
   c2.load(1).running_requests = 1;
   c2.load(2).running_requests = 1;
   c2.load(3).running_requests = 1;
-  // High-cache override is off for y (no overlap); 0 still fits 480 + 400.
+  // Equal work everywhere for y (no overlap): 0 runs the fewest and still
+  // fits 480 + 400.
   REQUIRE(Turn(*ear2, c2, y, 1, 25).instance == 0);
   // x grows past what 0 can hold beside y: 0 is memory-hot.
   REQUIRE(Turn(*ear2, c2, x, 2, 10).instance == 0);  // 640 + 400 > 1000

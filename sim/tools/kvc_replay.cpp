@@ -91,7 +91,7 @@ struct Options {
   // The generator's flags, refused with --trace.
   std::vector<const CLI::Option*> generator_flags;
   // Output.
-  std::string json_path, csv_path, plot_path, plot_script, title;
+  std::string json_path, csv_path, requests_csv_path, plot_path, plot_script, title;
   bool quiet = false;
 };
 
@@ -510,6 +510,10 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
       ->type_name("PATH")
       ->group(out);
   app.add_option("--csv", o.csv_path, "one row per policy")->type_name("PATH")->group(out);
+  app.add_option("--requests-csv", o.requests_csv_path,
+                 "one row per request and policy (times, mode, instance, tokens)")
+      ->type_name("PATH")
+      ->group(out);
   app.add_option("--plot", o.plot_path, "TTFT CDF and mode shares, drawn by gnuplot")
       ->type_name("PATH.png")
       ->group(out);
@@ -721,6 +725,13 @@ int Run(int argc, char** argv) {
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<double> wall;
+  // Per-request rows, kept as text while replaying (a row is ~80 bytes).
+  std::string request_rows;
+  if (!o.requests_csv_path.empty()) {
+    request_rows =
+        "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
+        "input_tokens,reusable_tokens,output_tokens\n";
+  }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
     const auto start = std::chrono::steady_clock::now();
@@ -739,6 +750,17 @@ int Run(int argc, char** argv) {
         std::cerr << absl::StrFormat("%s  %-9s %d/%d requests, simulated %.0f s%s", tty ? "\r" : "",
                                      name, done, total, sim_time, tty ? "   " : "\n");
         std::cerr.flush();
+      };
+    }
+    if (!o.requests_csv_path.empty()) {
+      config.on_request = [&](const sim::RequestRecord& r) {
+        const sim::TraceTurn& turn = trace->turns[r.turn];
+        absl::StrAppendFormat(
+            &request_rows, "%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%d,%s,%d,%d,%d,%d\n", name,
+            r.session, turn.turn, r.issue_s, r.first_token_s, r.first_token_s - r.issue_s,
+            r.finish_s, r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
+            kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
+            turn.reusable_tokens, turn.output_tokens);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =
@@ -773,6 +795,9 @@ int Run(int argc, char** argv) {
   }
   if (!o.csv_path.empty()) {
     if (absl::Status s = WriteFile(o.csv_path, sim::FormatCsv(report)); !s.ok()) fail(s);
+  }
+  if (!o.requests_csv_path.empty()) {
+    if (absl::Status s = WriteFile(o.requests_csv_path, request_rows); !s.ok()) fail(s);
   }
   if (!o.plot_path.empty()) {
     if (absl::Status s = DrawPlot(report, o); !s.ok()) {

@@ -14,9 +14,12 @@
 //              LMetric (or, when some instance already caches more than
 //              `high_cache_fraction` of the request, by that cache), and its
 //              later turns follow the binding;
-//   ear        unified plus session migration (the EAR report's Pillar 2):
-//              when a later turn's instance is hot, the session's KV moves
-//              to a lighter instance that can hold it (see PlanMigration).
+//   ear        unified's binding plus session migration (the EAR report's
+//              Pillar 2): when a later turn's instance is hot, the session's
+//              KV moves to a lighter instance that can hold it (see
+//              PlanMigration). A session's first placement is the instance
+//              with the least prefill work for it (pending prefill + its
+//              uncached input) among those with room for its context.
 //
 // Each runs on either topology. On the colocated one it picks the instance;
 // on the disaggregated one it picks the decode worker the same way and the
@@ -406,18 +409,18 @@ class AffinityPolicy final : public RoutingPolicy {
     return 0;
   }
 
-  // ear's first placement: unified's rule among the instances that can hold
-  // the input beside the live contexts bound there; when none can, the
-  // instance with the most room left.
+  // ear's first placement: the least prefill work (LeastWork) among the
+  // instances that can hold the input beside the live contexts bound there;
+  // when none can, the instance with the most room left. The work sum is
+  // what the first token waits for, so a cached prefix counts exactly as
+  // much as the queue it would save; LMetric's product with running
+  // requests instead ties every idle instance at 0 and lets a burst of new
+  // sessions pile their long prompts on one of them.
   WorkerId PlaceNewSession(const PolicyRequest& request, ClusterView& cluster) {
     if (options_.kv_capacity_tokens == 0 || !options_.memory_trigger) {
       return Choose(request, cluster);
     }
-    if (const WorkerId cached = HighCacheInstance(request, /*need_fit=*/true);
-        cached != kNoWorker) {
-      return cached;
-    }
-    const WorkerId fit = LMetric(request, cluster, /*need_fit=*/true);
+    const WorkerId fit = LeastWork(request, cluster, /*need_fit=*/true);
     if (fit != kNoWorker) return fit;
     WorkerId roomiest = 0;
     for (WorkerId d = 1; d < options_.instances; ++d) {
@@ -465,6 +468,29 @@ class AffinityPolicy final : public RoutingPolicy {
         best = d;
         best_score = score;
         best_prefill = prefill;
+      }
+    }
+    return best;
+  }
+
+  // argmin pending prefill + uncached input: the prefill work the request
+  // waits for and does. Ties: fewer running requests, then the lowest id.
+  WorkerId LeastWork(const PolicyRequest& request, ClusterView& cluster, bool need_fit) {
+    estimate_.Overlap(request.input_hashes, overlap_);
+    WorkerId best = kNoWorker;
+    uint64_t best_work = 0;
+    uint32_t best_running = 0;
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      if (need_fit && !Fits(d, request.input_tokens)) continue;
+      const InstanceLoad load = cluster.instance_load(d);
+      const uint64_t hit = std::min<uint64_t>(request.input_tokens,
+                                              uint64_t{overlap_[d]} * options_.block_tokens);
+      const uint64_t work = load.pending_prefill_tokens + (request.input_tokens - hit);
+      if (best == kNoWorker || work < best_work ||
+          (work == best_work && load.running_requests < best_running)) {
+        best = d;
+        best_work = work;
+        best_running = load.running_requests;
       }
     }
     return best;
