@@ -245,10 +245,14 @@ TEST_CASE("affinity policies: bad options and a mismatched cluster are refused",
 }
 
 
-// ear on four instances with T_hot = 1,000 tokens, 16-token blocks.
+// ear on four instances with T_hot = 1,000 tokens, 16-token blocks and the
+// fixed target rule (a target stays under T_hot / 2); the cost rule has its
+// own tests.
 std::unique_ptr<AffinityPolicy> MakeEar(uint64_t capacity = 1 << 20, double cooldown_s = 60) {
   AffinityPolicyOptions options;
   options.hot_prefill_tokens = 1000;
+  options.migration_cost.enabled = false;
+  options.memory_move_max_pending_tokens = 500;
   options.migration_cooldown_s = cooldown_s;
   options.session_idle_s = 1e6;
   options.kv_capacity_tokens = capacity;
@@ -340,6 +344,65 @@ TEST_CASE("ear: a new session goes where the prefill it waits for and does is le
   GrowingSession fresh2{5};
   cluster.load(0).running_requests = 4;
   CHECK(Turn(*ear, cluster, fresh2, 4, 20).instance == 2);
+}
+
+TEST_CASE("ear (cost rule): a move must save T_hot tokens of prefill after paying for the KV",
+          "[policy][ear][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
+  AffinityPolicyOptions options;
+  options.hot_prefill_tokens = 1000;
+  options.session_idle_s = 1e6;
+  // Prefill 1 ms per token; moving KV 0.5 ms per token plus 100 ms: a
+  // 192-token context costs 100 + 96 = 196 tokens of prefill time to move.
+  options.migration_cost.prefill_per_token_s = 1e-3;
+  options.migration_cost.transfer_per_token_s = 0.5e-3;
+  options.migration_cost.transfer_setup_s = 0.1;
+  auto ear = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+  GrowingSession s{1};
+  REQUIRE(Turn(*ear, cluster, s, 0, 10).instance == 0);
+  REQUIRE(Turn(*ear, cluster, s, 1, 2).instance == 0);  // context 12 blocks = 192 tokens
+  // The next turn appends 32 tokens. Home has 2,000 queued; a target saves
+  // 2,000 - pending - 32 - 196 tokens, and must save at least 1,000.
+  cluster.load(0).pending_prefill_tokens = 2000;
+  cluster.load(1).pending_prefill_tokens = 773;  // saves 999: not enough
+  cluster.load(2).pending_prefill_tokens = 900;
+  cluster.load(3).pending_prefill_tokens = 900;
+  const PolicyRequest next = s.Next(2, 2);
+  CHECK_FALSE(ear->PlanMigration(next, cluster).has_value());
+  cluster.load(1).pending_prefill_tokens = 772;  // saves exactly 1,000
+  std::optional<MigrationPlan> plan = ear->PlanMigration(next, cluster);
+  REQUIRE(plan.has_value());
+  CHECK(plan->to == 1);
+  CHECK(plan->trigger == MigrationTrigger::kHotPrefill);
+  // The fixed rule refuses every target here (772 + 32 and 900 + 32 are
+  // above T_hot / 2).
+  options.migration_cost.enabled = false;
+  auto fixed = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+  FakeCluster quiet(Topology::kColocated, 0, 4, 100000);
+  GrowingSession t{1};
+  REQUIRE(Turn(*fixed, quiet, t, 0, 10).instance == 0);
+  REQUIRE(Turn(*fixed, quiet, t, 1, 2).instance == 0);
+  for (WorkerId d = 0; d < 4; ++d) {
+    quiet.load(d).pending_prefill_tokens = cluster.load(d).pending_prefill_tokens;
+  }
+  CHECK_FALSE(fixed->PlanMigration(t.Next(2, 2), quiet).has_value());
+  // A slower link prices the move out: 5 ms per token makes it 1,060 tokens.
+  options.migration_cost.enabled = true;
+  options.migration_cost.transfer_per_token_s = 5e-3;
+  auto slow = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+  FakeCluster idle(Topology::kColocated, 0, 4, 100000);
+  GrowingSession u{1};
+  REQUIRE(Turn(*slow, idle, u, 0, 10).instance == 0);
+  REQUIRE(Turn(*slow, idle, u, 1, 2).instance == 0);
+  idle.load(0).pending_prefill_tokens = 2000;
+  idle.load(1).pending_prefill_tokens = 0;
+  idle.load(2).pending_prefill_tokens = 0;
+  idle.load(3).pending_prefill_tokens = 0;
+  CHECK_FALSE(slow->PlanMigration(u.Next(2, 2), idle).has_value());  // saves 2000-32-1060 < 1000
+  idle.load(0).pending_prefill_tokens = 2100;
+  plan = slow->PlanMigration(u.Next(3, 2), idle);
+  REQUIRE(plan.has_value());
+  CHECK(plan->to == 1);
 }
 
 TEST_CASE("ear: when no instance can take the session, the binding stays", "[policy][ear][migration]") {
@@ -457,6 +520,14 @@ TEST_CASE("ear: steady load never makes a session ping-pong (property)",
   AffinityPolicyOptions options;
   options.instances = n;
   options.hot_prefill_tokens = 1000;
+  // Both target rules; the cost rule with a move that costs little (1 ms
+  // of prefill per token, 0.1 ms per moved token).
+  options.migration_cost.enabled = (seed & 1) != 0;
+  options.migration_cost.prefill_per_token_s = 1e-3;
+  options.migration_cost.transfer_per_token_s = 1e-4;
+  options.migration_cost.transfer_setup_s = 0;
+  options.memory_move_max_pending_tokens = 500;
+  INFO("cost rule " << options.migration_cost.enabled);
   options.migration_cooldown_s = static_cast<double>(rng.Next() % 30);
   options.kv_capacity_tokens = 1 << 20;
   auto ear = Make(AffinityRule::kEar, n, Topology::kColocated, 0, options);
@@ -523,6 +594,16 @@ TEST_CASE("ear: bad migration options are refused", "[policy][ear]") {
   options = {};
   options.idle_gap_quantile = 1;
   CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()), Catch::Contains("idle_gap_quantile"));
+  options = {};
+  options.migration_cost.prefill_per_token_s = 0;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("prefill_per_token_s must be > 0"));
+  options.migration_cost.enabled = false;  // the fixed rule does not divide by it
+  CHECK(AffinityPolicy::Create(options).ok());
+  options = {};
+  options.migration_cost.transfer_per_token_s = -1;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("migration_cost"));
 }
 
 }  // namespace

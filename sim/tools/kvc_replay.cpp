@@ -387,10 +387,15 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
 
   kvc_router::policy::AffinityPolicyOptions& af = o.setup.affinity;
   AddNumber(app, "--high-cache-fraction", af.high_cache_fraction,
-            "unified/ear: a new session goes where more than this fraction of its input is cached")
+            "unified: a new session goes where more than this fraction of its input is cached")
       ->group(pol);
   AddNumber(app, "--hot-prefill-tokens", af.hot_prefill_tokens,
             "ear: T_hot, pending prefill tokens that make an instance hot", Sign::kPositive)
+      ->group(pol);
+  app.add_option("--migration-cost", af.migration_cost.enabled,
+                 "ear: a move must save T_hot tokens of prefill after paying for the KV move "
+                 "(false: the target must stay under T_hot/2)")
+      ->capture_default_str()
       ->group(pol);
   app.add_option("--memory-trigger", af.memory_trigger,
                  "ear: also migrate off instances whose live session contexts exceed K_d")

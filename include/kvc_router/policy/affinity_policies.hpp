@@ -103,10 +103,23 @@ struct AffinityPolicyOptions {
   uint64_t max_bindings = uint64_t{1} << 20;
 
   // ear: a bound session's instance is hot when its pending prefill tokens
-  // exceed this (T_hot). 65,536 tokens are eight 8k prefill chunks, about
-  // 2.6 s of queued prefill on an H100 with an 8B model, several times what
-  // moving a 100k-token context over RDMA costs (~0.7 s).
-  uint64_t hot_prefill_tokens = 65536;
+  // exceed this (T_hot). 8,192 tokens are one chunked-prefill step (~0.33 s
+  // on an H100 with an 8B model): a turn queued behind more than that waits
+  // for other sessions' prompts.
+  uint64_t hot_prefill_tokens = 8192;
+  // ear: how a move off a hot instance is judged. Enabled: the target must
+  // serve the turn sooner by at least T_hot tokens of prefill after paying
+  // for the move, i.e. pending(home) - pending(target) - append - (KV move
+  // time / prefill time per token) >= T_hot, with the move priced from
+  // `transfer_per_token_s` and `transfer_setup_s` and prefill from
+  // `prefill_per_token_s` (the defaults: an H100 with an 8B model, 147 KB
+  // of KV per token over 22 GB/s, so moving a 100k-token context costs about
+  // what prefilling 17k tokens does). Disabled: the fixed rule, a target
+  // must stay under T_hot / 2 pending tokens after taking the turn.
+  DirectCostModel migration_cost = EnabledCost();
+  // ear, memory trigger: a session moved for memory goes only where the
+  // pending prefill, with its append, stays at most this many tokens.
+  uint64_t memory_move_max_pending_tokens = 32768;
   // ear: also hot when the contexts of the live sessions bound to the
   // instance exceed its KV capacity (kv_capacity_tokens): LRU would evict
   // some of them and their next turns would re-prefill everything.
@@ -146,6 +159,15 @@ struct AffinityPolicyOptions {
     if (hot_prefill_tokens == 0) {
       return absl::InvalidArgumentError("AffinityPolicyOptions.hot_prefill_tokens must be >= 1");
     }
+    if (absl::Status s = migration_cost.Validate(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AffinityPolicyOptions.migration_cost: ", s.message()));
+    }
+    if (migration_cost.enabled && !(migration_cost.prefill_per_token_s > 0)) {
+      return absl::InvalidArgumentError(
+          "AffinityPolicyOptions.migration_cost.prefill_per_token_s must be > 0 when the cost "
+          "rule is enabled");
+    }
     if (!(migration_cooldown_s >= 0) || !std::isfinite(migration_cooldown_s) ||
         !(session_idle_s >= 0) || !std::isfinite(session_idle_s)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -158,6 +180,12 @@ struct AffinityPolicyOptions {
           "AffinityPolicyOptions.idle_gap_quantile must be in (0, 1), got ", idle_gap_quantile));
     }
     return absl::OkStatus();
+  }
+
+  static DirectCostModel EnabledCost() {
+    DirectCostModel cost;
+    cost.enabled = true;
+    return cost;
   }
 };
 
@@ -297,13 +325,19 @@ class AffinityPolicy final : public RoutingPolicy {
   //  - its instance is hot: pending prefill above hot_prefill_tokens, or
   //    (memory_trigger) the live contexts bound there above K_d,
   //  - some other instance can hold its input beside the live contexts
-  //    bound there and stays cool after taking the turn (pending prefill +
-  //    the turn's new tokens at most hot_prefill_tokens / 2).
+  //    bound there and takes the turn sooner: with migration_cost enabled,
+  //    sooner by at least T_hot tokens of prefill after paying for the KV
+  //    move; with it disabled, that instance stays under T_hot / 2 pending
+  //    tokens after taking the turn. A memory move instead needs the
+  //    target's pending prefill, with the append, at most
+  //    memory_move_max_pending_tokens.
   // The target is the lightest such instance by observable pending prefill
   // tokens (then running requests, then id). Otherwise the binding stays:
-  // migration is opportunistic, never forced. The half threshold is the
-  // hysteresis that keeps two instances from trading a session back and
-  // forth; the cooldown bounds moves per session whatever the load does.
+  // migration is opportunistic, never forced. Counting the append on the
+  // target's side is the hysteresis that keeps two instances from trading a
+  // session back and forth (after a move the way back looks worse by the
+  // append, the move's price and T_hot); the cooldown bounds moves per
+  // session whatever the load does.
   std::optional<MigrationPlan> PlanMigration(const PolicyRequest& request,
                                              const ClusterView& cluster) const {
     if (options_.rule != AffinityRule::kEar) return std::nullopt;
@@ -320,14 +354,29 @@ class AffinityPolicy final : public RoutingPolicy {
         options_.memory_trigger && capacity > 0 && committed_[b.instance] > capacity;
     if (!prefill_hot && !memory_hot) return std::nullopt;
     const uint64_t need = std::max(request.input_tokens, b.context_tokens);
-    const uint64_t cool = options_.hot_prefill_tokens / 2;
+    const DirectCostModel& cost = options_.migration_cost;
+    // The KV move in tokens of prefill time, and the work left at home.
+    const double move_tokens =
+        cost.enabled ? (cost.transfer_setup_s +
+                        static_cast<double>(b.context_tokens) * cost.transfer_per_token_s) /
+                           cost.prefill_per_token_s
+                     : 0;
+    const double home_pending = static_cast<double>(home.pending_prefill_tokens);
     WorkerId best = kNoWorker;
     InstanceLoad best_load;
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (d == b.instance) continue;
       if (capacity > 0 && committed_[d] + need > capacity) continue;
       const InstanceLoad load = cluster.instance_load(d);
-      if (load.pending_prefill_tokens + request.request.append_tokens > cool) continue;
+      const uint64_t after = load.pending_prefill_tokens + request.request.append_tokens;
+      if (memory_hot) {
+        if (after > options_.memory_move_max_pending_tokens) continue;
+      } else if (cost.enabled) {
+        const double saved = home_pending - static_cast<double>(after) - move_tokens;
+        if (saved < static_cast<double>(options_.hot_prefill_tokens)) continue;
+      } else if (after > options_.hot_prefill_tokens / 2) {
+        continue;
+      }
       if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
           (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
            load.running_requests < best_load.running_requests)) {
@@ -337,7 +386,7 @@ class AffinityPolicy final : public RoutingPolicy {
     }
     if (best == kNoWorker) return std::nullopt;
     return MigrationPlan{request.request.session, b.instance, best, b.context_tokens,
-                         prefill_hot ? MigrationTrigger::kHotPrefill : MigrationTrigger::kMemory};
+                         memory_hot ? MigrationTrigger::kMemory : MigrationTrigger::kHotPrefill};
   }
 
   // The instance a session is bound to (unified, ear and sticky), or kNoWorker.

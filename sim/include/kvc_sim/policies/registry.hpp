@@ -202,6 +202,13 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
     options.prefill_workers = shape.prefill_pool(options.topology);
     options.block_tokens = block_tokens;
     options.kv_capacity_tokens = setup.admission.capacity_tokens;
+    // ear prices a move with the cluster's own figures: its prefill speed
+    // and the KV link between instances (or decode workers).
+    options.migration_cost.prefill_per_token_s = setup.cost.prefill_per_token_s;
+    options.migration_cost.prefill_attention_s = setup.cost.prefill_attention_s;
+    options.migration_cost.transfer_per_token_s =
+        static_cast<double>(setup.cost.kv_bytes_per_token) / setup.cost.transfer_bytes_per_s;
+    options.migration_cost.transfer_setup_s = setup.cost.transfer_setup_s;
     absl::StatusOr<std::unique_ptr<policy::AffinityPolicy>> affinity =
         policy::AffinityPolicy::Create(options);
     if (!affinity.ok()) return affinity.status();
