@@ -6,6 +6,10 @@
 # (seconds) / prefix hit rate per policy and concurrency, and plots TTFT p90
 # against concurrency per workload, colocated and P/D side by side
 # (build/sweep/sweep_<workload>.png, the figures in docs/policies.md).
+# Then the burst shape: claude-code sessions that all start at once (32, 64
+# and 128 of them, each run to its end with nothing replacing it), at K_d
+# 362,272 (the profile's) and 400,000 tokens, seeds 1-3; one table per K_d
+# of TTFT p90 / p99 (geometric mean over the seeds) and hit rate (mean).
 #
 #   ./scripts/sweep.sh            # all policies
 #   ./scripts/sweep.sh ear,dp     # a subset
@@ -82,3 +86,35 @@ GP
     kvc_log "plot: ${out}/sweep_${workload}.png"
   done
 fi
+
+for kd in 362272 400000; do
+  for n in 32 64 128; do
+    kvc_log "burst: ${n} claude-code sessions started together, K_d ${kd}"
+    for seed in 1 2 3; do
+      "${replay[@]}" --synthetic --preset claude-code --seed "${seed}" --sessions "${n}" \
+        --requests "$((n * 12))" --session-interarrival 0 --concurrency "${n}" \
+        --kv-capacity "${kd}" --json "${out}/burst-${kd}-${n}-${seed}.json"
+    done
+  done
+done
+
+python3 - "${out}" <<'PY'
+import json, math, sys
+out = sys.argv[1]
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+for kd in (362272, 400000):
+    runs = {n: [json.load(open(f'{out}/burst-{kd}-{n}-{s}.json')) for s in (1, 2, 3)]
+            for n in (32, 64, 128)}
+    ideal = {n: sum(r['workload']['ideal_session_hit_rate'] for r in runs[n]) / 3 for n in runs}
+    print(f'\n| sessions started together, K_d {kd:,} | 32 | 64 | 128 |\n|---|---|---|---|')
+    print('| ideal hit | ' + ' | '.join(f'{ideal[n]:.3f}' for n in (32, 64, 128)) + ' |')
+    for name in [p['name'] for p in runs[32][0]['policies']]:
+        cells = []
+        for n in (32, 64, 128):
+            ps = [next(p for p in r['policies'] if p['name'] == name) for r in runs[n]]
+            cells.append(f"{geomean([p['ttft_s']['p90'] for p in ps]):.3g} / "
+                         f"{geomean([p['ttft_s']['p99'] for p in ps]):.3g} / "
+                         f"{sum(p['hit_rate'] for p in ps) / 3:.3f}")
+        print(f'| {name} | ' + ' | '.join(cells) + ' |')
+PY
