@@ -331,14 +331,11 @@ TEST_CASE("ear: a new session goes where the prefill it waits for and does is le
   GrowingSession fork2{3, first.chain};
   CHECK(Turn(*ear, cluster, fork2, 2, 10).instance == 1);
   // Equal work: fewer running requests, then the lowest id.
-  cluster.load(1).pending_prefill_tokens = 50;
-  cluster.load(2).pending_prefill_tokens = 50;
-  cluster.load(3).pending_prefill_tokens = 50;
-  cluster.load(1).running_requests = 3;
-  cluster.load(2).running_requests = 2;
-  cluster.load(3).running_requests = 2;
-  cluster.load(0).pending_prefill_tokens = 50;
-  cluster.load(0).running_requests = 2;
+  const uint32_t running[] = {2, 3, 2, 2};
+  for (WorkerId d = 0; d < 4; ++d) {
+    cluster.load(d).pending_prefill_tokens = 50;
+    cluster.load(d).running_requests = running[d];
+  }
   GrowingSession fresh{4};
   CHECK(Turn(*ear, cluster, fresh, 3, 20).instance == 0);
   GrowingSession fresh2{5};

@@ -497,6 +497,14 @@ class AffinityPolicy final : public RoutingPolicy {
                : kNoWorker;
   }
 
+  // Pending prefill on `d` plus the input tokens it does not cache, by the
+  // overlap the caller has just put in overlap_.
+  uint64_t PrefillWork(const PolicyRequest& request, WorkerId d, const InstanceLoad& load) const {
+    const uint64_t hit =
+        std::min<uint64_t>(request.input_tokens, uint64_t{overlap_[d]} * options_.block_tokens);
+    return load.pending_prefill_tokens + (request.input_tokens - hit);
+  }
+
   // argmin (pending prefill + uncached input) x running requests; ties: the
   // smaller prefill term, then the lowest id. With `need_fit`, only
   // instances that can hold the input (kNoWorker when none can).
@@ -508,9 +516,7 @@ class AffinityPolicy final : public RoutingPolicy {
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (need_fit && !Fits(d, request.input_tokens)) continue;
       const InstanceLoad load = cluster.instance_load(d);
-      const uint64_t hit = std::min<uint64_t>(request.input_tokens,
-                                              uint64_t{overlap_[d]} * options_.block_tokens);
-      const uint64_t prefill = load.pending_prefill_tokens + (request.input_tokens - hit);
+      const uint64_t prefill = PrefillWork(request, d, load);
       const LMetricScore score = static_cast<LMetricScore>(prefill) * load.running_requests;
       if (best == kNoWorker || score < best_score ||
           (score == best_score && prefill < best_prefill)) {
@@ -532,9 +538,7 @@ class AffinityPolicy final : public RoutingPolicy {
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (need_fit && !Fits(d, request.input_tokens)) continue;
       const InstanceLoad load = cluster.instance_load(d);
-      const uint64_t hit = std::min<uint64_t>(request.input_tokens,
-                                              uint64_t{overlap_[d]} * options_.block_tokens);
-      const uint64_t work = load.pending_prefill_tokens + (request.input_tokens - hit);
+      const uint64_t work = PrefillWork(request, d, load);
       if (best == kNoWorker || work < best_work ||
           (work == best_work && load.running_requests < best_running)) {
         best = d;
