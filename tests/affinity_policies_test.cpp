@@ -312,6 +312,34 @@ TEST_CASE("ear: a cool instance keeps its sessions; a hot one sends the next tur
   CHECK_FALSE(ear->PlanMigration(s.Next(3, 1), cluster).has_value());
 }
 
+TEST_CASE("ear on P/D: the prefill worker with the least work, its own cache counted",
+          "[policy][ear]") {
+  FakeCluster cluster(Topology::kDisaggregated, 3, 2, 1 << 20);
+  auto ear = Make(AffinityRule::kEar, 2, Topology::kDisaggregated, 3);
+  CHECK(ear->name() == "ear-pd");
+  GrowingSession s{1};
+  // An idle cluster: prefill worker 0 (lowest id) computes the 640-token prompt.
+  Placement first = Turn(*ear, cluster, s, 0, 40);
+  CHECK(first.prefill == 0);
+  // The next prompt (800 tokens) shares those 640: 0 with 300 queued does
+  // 300 + 160 of work, 1 and 2 would do 800 from scratch.
+  cluster.prefill(0).pending_prefill_tokens = 300;
+  Placement second = Turn(*ear, cluster, s, 1, 10);
+  CHECK(second.prefill == 0);
+  CHECK(second.instance == first.instance);  // the binding on D holds
+  // A queue longer than what the cache saves sends it elsewhere: 0 now
+  // caches 800 of the next 960 tokens, 900 + 160 > 960 on idle 1.
+  cluster.prefill(0).pending_prefill_tokens = 900;
+  CHECK(Turn(*ear, cluster, s, 2, 10).prefill == 1);
+  // load-only-pd, by contrast, never looks at the cache.
+  auto load_only = Make(AffinityRule::kLoadOnly, 2, Topology::kDisaggregated, 3);
+  FakeCluster other(Topology::kDisaggregated, 3, 2, 1 << 20);
+  GrowingSession t{2};
+  CHECK(Turn(*load_only, other, t, 0, 40).prefill == 0);
+  other.prefill(0).pending_prefill_tokens = 300;
+  CHECK(Turn(*load_only, other, t, 1, 10).prefill == 1);
+}
+
 TEST_CASE("ear: a new session goes where the prefill it waits for and does is least",
           "[policy][ear]") {
   FakeCluster cluster(Topology::kColocated, 0, 4, 100000);

@@ -23,7 +23,9 @@
 //
 // Each runs on either topology. On the colocated one it picks the instance;
 // on the disaggregated one it picks the decode worker the same way and the
-// prefill worker with the least pending prefill work. The instance keeps the
+// prefill worker with the least pending prefill work (ear: the least prefill
+// work for the request, what the policy estimates that worker caches
+// counted, so a session's prompts tend to meet their prefix there). The instance keeps the
 // request's KV as its engine does (Booking::kSession).
 //
 // What a policy knows of caches is its own estimate, learned from its
@@ -294,10 +296,12 @@ class AffinityPolicy final : public RoutingPolicy {
       ++b.in_flight;
       Track(session, b, std::max(b.context_tokens, request.input_tokens), now);
     }
-    Placement placement =
-        CachePlacement(request, chosen,
-                       options_.topology == Topology::kDisaggregated ? ChoosePrefill(cluster)
-                                                                     : kNoWorker);
+    WorkerId prefill = kNoWorker;
+    if (options_.topology == Topology::kDisaggregated) {
+      prefill = options_.rule == AffinityRule::kEar ? ChoosePrefillByWork(request, cluster)
+                                                    : ChoosePrefill(cluster);
+    }
+    Placement placement = CachePlacement(request, chosen, prefill);
     placement.migrate_from = migrate_from;
     return placement;
   }
@@ -413,6 +417,9 @@ class AffinityPolicy final : public RoutingPolicy {
               (options.topology == Topology::kDisaggregated ? "-pd" : "")),
         estimate_(options.instances, options.kv_capacity_tokens, options.block_tokens),
         overlap_(options.instances, 0),
+        prefill_estimate_(std::max<uint32_t>(options.prefill_workers, 1),
+                          options.kv_capacity_tokens, options.block_tokens),
+        prefill_overlap_(std::max<uint32_t>(options.prefill_workers, 1), 0),
         committed_(options.instances, 0) {}
 
   struct Binding {
@@ -549,6 +556,31 @@ class AffinityPolicy final : public RoutingPolicy {
     return best;
   }
 
+  // ear on P/D: the prefill worker with the least prefill work for the
+  // request (pending prefill + the input its cache lacks, by the policy's
+  // estimate of what each prefill worker computed), so a session's next
+  // prompt tends to find its previous one where it was computed. Ties: fewer
+  // running requests, then the lowest id.
+  WorkerId ChoosePrefillByWork(const PolicyRequest& request, ClusterView& cluster) {
+    prefill_estimate_.Overlap(request.input_hashes, prefill_overlap_);
+    WorkerId best = 0;
+    uint64_t best_work = 0;
+    uint32_t best_running = 0;
+    for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      const InstanceLoad load = cluster.prefill_load(p);
+      const uint64_t hit = std::min<uint64_t>(
+          request.input_tokens, uint64_t{prefill_overlap_[p]} * options_.block_tokens);
+      const uint64_t work = load.pending_prefill_tokens + (request.input_tokens - hit);
+      if (p == 0 || work < best_work || (work == best_work && load.running_requests < best_running)) {
+        best = p;
+        best_work = work;
+        best_running = load.running_requests;
+      }
+    }
+    prefill_estimate_.Learn(best, request.request.session, request.input_hashes);
+    return best;
+  }
+
   WorkerId ChoosePrefill(ClusterView& cluster) const {
     WorkerId best = 0;
     InstanceLoad best_load = cluster.prefill_load(0);
@@ -641,6 +673,9 @@ class AffinityPolicy final : public RoutingPolicy {
   std::string name_;
   EstimateIndex estimate_;
   std::vector<uint32_t> overlap_;
+  // ear on P/D: what each prefill worker is estimated to cache.
+  EstimateIndex prefill_estimate_;
+  std::vector<uint32_t> prefill_overlap_;
   absl::flat_hash_map<SessionId, Binding> bindings_;
   std::vector<std::pair<SessionId, uint64_t>> order_;
   size_t head_ = 0;
