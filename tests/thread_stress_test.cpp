@@ -1,5 +1,6 @@
 // Many gateway threads dispatching and completing at once (run under TSan by
-// the test command). Afterwards every invariant holds and inflight is zero.
+// the test command). Afterwards every invariant holds and inflight is zero;
+// the gateway-side load ledger, shared the same way, ends at zero load.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "kvc_router/dispatch.hpp"
 #include "kvc_router/index/estimate_index.hpp"
+#include "kvc_router/policy/load_ledger.hpp"
 #include "kvc_router/testing/property_kit.hpp"
 #include "test_support.hpp"
 
@@ -186,6 +188,52 @@ TEST_CASE("concurrent dispatch under worker churn and failures", "[tsan][threads
   CHECK(state.total_inflight() == 0);
   CHECK(state.num_active_decode_workers() >= 1);
   for (WorkerId d = 0; d < state.num_decode_workers(); ++d) CHECK(state.inflight(d) == 0);
+}
+
+TEST_CASE("concurrent tickets on one load ledger all give their load back",
+          "[tsan][threads][ledger]") {
+  constexpr int kThreads = 4;
+  constexpr int kOpsPerThread = 2000;
+  auto ledger = policy::LoadLedger::Create(policy::Topology::kDisaggregated, 4, 2);
+  REQUIRE(ledger.ok());
+  policy::LoadLedger& l = **ledger;
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      for (WorkerId d = 0; d < 4; ++d) (void)l.instance_load(d);
+      for (WorkerId p = 0; p < 2; ++p) (void)l.prefill_load(p);
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<policy::LoadLedger::Ticket> open;
+      for (int i = 0; i < kOpsPerThread; ++i) {
+        policy::Placement at;
+        at.instance = static_cast<WorkerId>((t + i) % 4);
+        at.prefill = i % 3 == 0 ? kNoWorker : static_cast<WorkerId>(i % 2);
+        absl::StatusOr<policy::LoadLedger::Ticket> ticket = l.Start(at, 100 + i);
+        if (!ticket.ok()) continue;
+        if (i % 2 == 0) ticket->FirstToken();
+        open.push_back(std::move(*ticket));
+        if (open.size() > 8) {
+          open.front().Finish();
+          open.erase(open.begin());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  stop = true;
+  reader.join();
+  for (WorkerId d = 0; d < 4; ++d) {
+    CHECK(l.instance_load(d).running_requests == 0);
+    CHECK(l.instance_load(d).pending_prefill_tokens == 0);
+  }
+  for (WorkerId p = 0; p < 2; ++p) {
+    CHECK(l.prefill_load(p).running_requests == 0);
+    CHECK(l.prefill_load(p).pending_prefill_tokens == 0);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,202 @@
+// kvc_router/policy/load_ledger.hpp
+//
+// The load a gateway can know without asking its workers: what it sent them
+// and has not seen come back. `LoadLedger` is a `ClusterView` built from
+// that alone, so a gateway can run the load- and affinity-based policies
+// (affinity_policies.hpp, `ear` among them) without scraping engine metrics:
+//
+//   pending prefill tokens  the prefill work of requests sent to an instance
+//                           (or prefill worker) whose first token has not
+//                           come back yet;
+//   running requests        requests sent and not finished.
+//
+// Each placed request gets a `LoadLedger::Ticket` that gives its load back
+// exactly once: its prefill share at `FirstToken()` (or when it finishes or
+// is dropped without one) and its running slot at `Finish()` or in its
+// destructor, so a transport that throws or an early return loses nothing.
+// These policies make no admission RPC; `Admit` says so.
+//
+// Thread-safe: many gateway threads may place, start and finish requests
+// at once. The ledger must outlive its tickets.
+//
+//   auto ledger = kvc_router::policy::LoadLedger::Create(Topology::kColocated, 8, 0);
+//   absl::StatusOr<Placement> where = ear->Place(request, **ledger);
+//   auto ticket = (*ledger)->Start(*where, request.input_tokens -
+//                                  ear->EstimatedHitTokens(where->instance, request.input_hashes));
+//   ... send; on the first streamed token: ticket->FirstToken(); at the end: ticket->Finish();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc_router/policy/policy.hpp"
+#include "kvc_router/types.hpp"
+
+namespace kvc_router::policy {
+
+class LoadLedger final : public ClusterView {
+ public:
+  // Seconds on a monotonic clock; tests pass their own.
+  using Clock = std::function<double()>;
+
+  // `instances`: colocated instances or decode workers; `prefill_workers`:
+  // 0 on the colocated topology, at least 1 on the disaggregated one.
+  static absl::StatusOr<std::unique_ptr<LoadLedger>> Create(Topology topology, uint32_t instances,
+                                                            uint32_t prefill_workers,
+                                                            Clock clock = nullptr) {
+    if (instances == 0 || instances > kMaxWorkers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadLedger: instances must be in 1..", kMaxWorkers, ", got ", instances));
+    }
+    if (topology == Topology::kDisaggregated && (prefill_workers == 0 || prefill_workers > kMaxWorkers)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger: the disaggregated topology needs 1..", kMaxWorkers,
+          " prefill workers, got ", prefill_workers));
+    }
+    if (topology == Topology::kColocated && prefill_workers != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger: the colocated topology has no prefill workers, got ", prefill_workers));
+    }
+    if (clock == nullptr) {
+      const auto start = std::chrono::steady_clock::now();
+      clock = [start] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      };
+    }
+    return std::unique_ptr<LoadLedger>(
+        new LoadLedger(topology, instances, prefill_workers, std::move(clock)));
+  }
+
+  // One placed request's share of the load; move-only, gives it back once.
+  class Ticket {
+   public:
+    Ticket(Ticket&& other) noexcept { *this = std::move(other); }
+    Ticket& operator=(Ticket&& other) noexcept {
+      if (this != &other) {
+        Finish();
+        ledger_ = std::exchange(other.ledger_, nullptr);
+        prefill_on_ = other.prefill_on_;
+        prefill_is_worker_ = other.prefill_is_worker_;
+        instance_ = other.instance_;
+        prefill_tokens_ = other.prefill_tokens_;
+        prefill_open_ = std::exchange(other.prefill_open_, false);
+      }
+      return *this;
+    }
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    ~Ticket() { Finish(); }
+
+    // The first token came back: the request's prefill is done.
+    void FirstToken() {
+      if (ledger_ == nullptr || !prefill_open_) return;
+      prefill_open_ = false;
+      ledger_->ReleasePrefill(prefill_on_, prefill_is_worker_, prefill_tokens_);
+    }
+    // The request ended (answered, failed or abandoned).
+    void Finish() {
+      if (ledger_ == nullptr) return;
+      FirstToken();
+      std::exchange(ledger_, nullptr)->ReleaseRunning(instance_);
+    }
+    bool finished() const { return ledger_ == nullptr; }
+
+   private:
+    friend class LoadLedger;
+    Ticket() = default;
+    LoadLedger* ledger_ = nullptr;
+    WorkerId prefill_on_ = kNoWorker;
+    bool prefill_is_worker_ = false;
+    WorkerId instance_ = kNoWorker;
+    uint64_t prefill_tokens_ = 0;
+    bool prefill_open_ = false;
+  };
+
+  // Books a request placed by a policy: `prefill_tokens` of prefill work (its
+  // input less what the serving side is expected to hold) on the prefill
+  // worker, or on the instance when it prefills itself, and one running
+  // request on the instance. A placement naming no instance or an unknown
+  // worker is refused and books nothing.
+  absl::StatusOr<Ticket> Start(const Placement& placement, uint64_t prefill_tokens) {
+    if (placement.instance >= instances_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger::Start: placement instance ", placement.instance, " is not one of the ",
+          instances_.size(), " instances"));
+    }
+    const bool on_worker = placement.prefill != kNoWorker;
+    if (on_worker && placement.prefill >= prefill_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger::Start: placement prefill worker ", placement.prefill, " is not one of the ",
+          prefill_.size(), " prefill workers"));
+    }
+    Ticket ticket;
+    ticket.ledger_ = this;
+    ticket.instance_ = placement.instance;
+    ticket.prefill_on_ = on_worker ? placement.prefill : placement.instance;
+    ticket.prefill_is_worker_ = on_worker;
+    ticket.prefill_tokens_ = prefill_tokens;
+    ticket.prefill_open_ = true;
+    absl::MutexLock lock(&mu_);
+    InstanceLoad& instance = instances_[placement.instance];
+    ++instance.running_requests;
+    InstanceLoad& prefiller = on_worker ? prefill_[placement.prefill] : instance;
+    prefiller.pending_prefill_tokens += prefill_tokens;
+    if (on_worker) ++prefiller.running_requests;
+    return ticket;
+  }
+
+  // ClusterView.
+  Topology topology() const override { return topology_; }
+  uint32_t num_prefill_workers() const override { return static_cast<uint32_t>(prefill_.size()); }
+  uint32_t num_instances() const override { return static_cast<uint32_t>(instances_.size()); }
+  InstanceLoad instance_load(WorkerId instance) const override {
+    absl::MutexLock lock(&mu_);
+    return instance < instances_.size() ? instances_[instance] : InstanceLoad{};
+  }
+  InstanceLoad prefill_load(WorkerId prefill) const override {
+    absl::MutexLock lock(&mu_);
+    return prefill < prefill_.size() ? prefill_[prefill] : InstanceLoad{};
+  }
+  double now_s() const override { return clock_(); }
+  absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
+    (void)query;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LoadLedger: no admission RPC to instance ", instance,
+        " (a policy that admits, such as kvc, needs the workers' transport)"));
+  }
+
+ private:
+  LoadLedger(Topology topology, uint32_t instances, uint32_t prefill_workers, Clock clock)
+      : topology_(topology),
+        clock_(std::move(clock)),
+        instances_(instances),
+        prefill_(prefill_workers) {}
+
+  void ReleasePrefill(WorkerId on, bool is_worker, uint64_t tokens) {
+    absl::MutexLock lock(&mu_);
+    InstanceLoad& load = is_worker ? prefill_[on] : instances_[on];
+    load.pending_prefill_tokens -= tokens;
+    if (is_worker) --load.running_requests;
+  }
+  void ReleaseRunning(WorkerId instance) {
+    absl::MutexLock lock(&mu_);
+    --instances_[instance].running_requests;
+  }
+
+  const Topology topology_;
+  const Clock clock_;
+  mutable absl::Mutex mu_;
+  std::vector<InstanceLoad> instances_ ABSL_GUARDED_BY(mu_);
+  std::vector<InstanceLoad> prefill_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvc_router::policy

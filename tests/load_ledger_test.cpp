@@ -1,0 +1,213 @@
+// Tests of policy/load_ledger.hpp: what a gateway books per placed request
+// (pending prefill on the prefill side, a running request on the instance),
+// that each ticket gives it back exactly once whatever path it takes
+// (first token, finish, destructor, move, a second Finish), bad placements
+// and shapes refused without a trace, and ear running on the ledger alone.
+#include "kvc_router/policy/load_ledger.hpp"
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kvc_router/detail/splitmix.hpp"
+#include "kvc_router/policy/affinity_policies.hpp"
+#include "kvc_router/testing/fake_cluster.hpp"
+#include "test_support.hpp"
+
+namespace kvc_router::policy {
+namespace {
+
+Placement On(WorkerId instance, WorkerId prefill = kNoWorker) {
+  Placement p;
+  p.instance = instance;
+  p.prefill = prefill;
+  p.booking = Booking::kSession;
+  return p;
+}
+
+TEST_CASE("load ledger: a colocated request's prefill and slot come back once each",
+          "[policy][ledger]") {
+  auto ledger = LoadLedger::Create(Topology::kColocated, 3, 0);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  CHECK(l.num_instances() == 3);
+  CHECK(l.num_prefill_workers() == 0);
+  absl::StatusOr<LoadLedger::Ticket> a = l.Start(On(1), 5000);
+  REQUIRE(a.ok());
+  absl::StatusOr<LoadLedger::Ticket> b = l.Start(On(1), 700);
+  REQUIRE(b.ok());
+  CHECK(l.instance_load(1).pending_prefill_tokens == 5700);
+  CHECK(l.instance_load(1).running_requests == 2);
+  CHECK(l.instance_load(0).running_requests == 0);
+  a->FirstToken();
+  a->FirstToken();  // once only
+  CHECK(l.instance_load(1).pending_prefill_tokens == 700);
+  CHECK(l.instance_load(1).running_requests == 2);
+  a->Finish();
+  a->Finish();
+  CHECK(a->finished());
+  CHECK(l.instance_load(1).running_requests == 1);
+  {
+    // Moved: the new owner gives the load back, the old one nothing.
+    LoadLedger::Ticket moved = std::move(*b);
+    CHECK(b->finished());
+    b->Finish();
+    CHECK(l.instance_load(1).running_requests == 1);
+    // Dropped without a first token (a transport that threw): both return.
+  }
+  CHECK(l.instance_load(1).pending_prefill_tokens == 0);
+  CHECK(l.instance_load(1).running_requests == 0);
+}
+
+TEST_CASE("load ledger: on P/D the prefill worker holds the prefill until the first token",
+          "[policy][ledger]") {
+  auto ledger = LoadLedger::Create(Topology::kDisaggregated, 2, 2);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  absl::StatusOr<LoadLedger::Ticket> t = l.Start(On(0, 1), 9000);
+  REQUIRE(t.ok());
+  CHECK(l.prefill_load(1).pending_prefill_tokens == 9000);
+  CHECK(l.prefill_load(1).running_requests == 1);
+  CHECK(l.instance_load(0).pending_prefill_tokens == 0);
+  CHECK(l.instance_load(0).running_requests == 1);
+  t->FirstToken();
+  CHECK(l.prefill_load(1).pending_prefill_tokens == 0);
+  CHECK(l.prefill_load(1).running_requests == 0);
+  CHECK(l.instance_load(0).running_requests == 1);
+  t->Finish();
+  CHECK(l.instance_load(0).running_requests == 0);
+}
+
+TEST_CASE("load ledger: bad shapes and placements are refused and book nothing",
+          "[policy][ledger]") {
+  CHECK_THAT(test::Message(LoadLedger::Create(Topology::kColocated, 0, 0).status()),
+             Catch::Contains("instances must be in 1.."));
+  CHECK_THAT(test::Message(LoadLedger::Create(Topology::kColocated, 4, 2).status()),
+             Catch::Contains("colocated topology has no prefill workers"));
+  CHECK_THAT(test::Message(LoadLedger::Create(Topology::kDisaggregated, 4, 0).status()),
+             Catch::Contains("needs 1.."));
+  auto ledger = LoadLedger::Create(Topology::kDisaggregated, 2, 1);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  CHECK_THAT(test::Message(l.Start(On(2, 0), 10).status()), Catch::Contains("instance 2"));
+  CHECK_THAT(test::Message(l.Start(On(kNoWorker), 10).status()), Catch::Contains("instance"));
+  CHECK_THAT(test::Message(l.Start(On(0, 1), 10).status()), Catch::Contains("prefill worker 1"));
+  for (WorkerId d = 0; d < 2; ++d) {
+    CHECK(l.instance_load(d).running_requests == 0);
+    CHECK(l.instance_load(d).pending_prefill_tokens == 0);
+  }
+  CHECK(l.prefill_load(0).pending_prefill_tokens == 0);
+  AdmitQuery query;
+  CHECK_THAT(test::Message(l.Admit(0, query).status()), Catch::Contains("no admission RPC"));
+}
+
+TEST_CASE("load ledger: the loads always equal the open tickets' sums (property)",
+          "[policy][ledger][property]") {
+  const uint64_t seed = GENERATE(take(20, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  auto ledger = LoadLedger::Create(Topology::kDisaggregated, 3, 2);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  struct Open {
+    std::optional<LoadLedger::Ticket> ticket;
+    Placement at;
+    uint64_t prefill = 0;
+    bool first = false;
+  };
+  std::vector<Open> open;
+  for (int step = 0; step < 400; ++step) {
+    const uint64_t action = rng.Next() % 4;
+    if (action == 0 || open.empty()) {
+      Open o;
+      o.at = On(static_cast<WorkerId>(rng.Next() % 3),
+                rng.Next() % 2 == 0 ? kNoWorker : static_cast<WorkerId>(rng.Next() % 2));
+      o.prefill = rng.Next() % 4 == 0 ? 0 : rng.Next() % 10000;  // a fully cached prompt: 0
+      absl::StatusOr<LoadLedger::Ticket> t = l.Start(o.at, o.prefill);
+      REQUIRE(t.ok());
+      o.ticket.emplace(std::move(*t));
+      open.push_back(std::move(o));
+    } else {
+      Open& o = open[rng.Next() % open.size()];
+      if (action == 1) {
+        o.ticket->FirstToken();
+        o.first = true;
+      } else if (action == 2) {
+        o.ticket->Finish();
+      } else {
+        o.ticket.reset();  // dropped
+      }
+      if (action != 1) {
+        std::swap(o, open.back());
+        open.pop_back();
+      }
+    }
+    std::vector<InstanceLoad> want(3), want_p(2);
+    for (const Open& o : open) {
+      ++want[o.at.instance].running_requests;
+      if (o.first) continue;
+      if (o.at.prefill == kNoWorker) {
+        want[o.at.instance].pending_prefill_tokens += o.prefill;
+      } else {
+        want_p[o.at.prefill].pending_prefill_tokens += o.prefill;
+        ++want_p[o.at.prefill].running_requests;
+      }
+    }
+    for (WorkerId d = 0; d < 3; ++d) {
+      REQUIRE(l.instance_load(d).running_requests == want[d].running_requests);
+      REQUIRE(l.instance_load(d).pending_prefill_tokens == want[d].pending_prefill_tokens);
+    }
+    for (WorkerId p = 0; p < 2; ++p) {
+      REQUIRE(l.prefill_load(p).running_requests == want_p[p].running_requests);
+      REQUIRE(l.prefill_load(p).pending_prefill_tokens == want_p[p].pending_prefill_tokens);
+    }
+  }
+}
+
+TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session off a busy instance",
+          "[policy][ledger][ear]") {
+  double now = 0;
+  auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, [&now] { return now; });
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.instances = 2;
+  options.block_tokens = 16;
+  options.kv_capacity_tokens = 1 << 20;
+  options.hot_prefill_tokens = 1000;
+  options.session_idle_s = 1e6;
+  auto ear = AffinityPolicy::Create(options);
+  REQUIRE(ear.ok());
+  testing::GrowingSession s{1};
+  PolicyRequest first = s.Next(0, 20);
+  absl::StatusOr<Placement> p = (*ear)->Place(first, l);
+  REQUIRE(p.ok());
+  CHECK(p->instance == 0);
+  {
+    absl::StatusOr<LoadLedger::Ticket> t = l.Start(*p, first.input_tokens);
+    REQUIRE(t.ok());
+    t->FirstToken();
+  }  // finished
+  (*ear)->OnFinished(first, *p, l);
+  // Other sessions' long prompts now wait on instance 0.
+  std::vector<LoadLedger::Ticket> busy;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<LoadLedger::Ticket> t = l.Start(On(0), 40000);
+    REQUIRE(t.ok());
+    busy.push_back(std::move(*t));
+  }
+  now = 5;
+  const PolicyRequest next = s.Next(1, 2);
+  p = (*ear)->Place(next, l);
+  REQUIRE(p.ok());
+  CHECK(p->instance == 1);
+  CHECK(p->migrate_from == 0);
+  busy.clear();
+  CHECK(l.instance_load(0).pending_prefill_tokens == 0);
+  CHECK(l.instance_load(0).running_requests == 0);
+}
+
+}  // namespace
+}  // namespace kvc_router::policy
