@@ -358,17 +358,27 @@ TEST_CASE("ear: a new session goes where the prefill it waits for and does is le
   cluster.load(0).pending_prefill_tokens = 700;
   GrowingSession fork2{3, first.chain};
   CHECK(Turn(*ear, cluster, fork2, 2, 10).instance == 1);
-  // Equal work: fewer running requests, then the lowest id.
+  // Equal work: fewer running requests, then fewer tokens of live contexts
+  // bound there (0 holds 640 + 800, 1 holds 800, 2 and 3 nothing), then the
+  // lowest id.
   const uint32_t running[] = {2, 3, 2, 2};
   for (WorkerId d = 0; d < 4; ++d) {
     cluster.load(d).pending_prefill_tokens = 50;
     cluster.load(d).running_requests = running[d];
   }
+  CHECK(ear->committed_tokens(0) == 1440);
+  CHECK(ear->committed_tokens(1) == 800);
   GrowingSession fresh{4};
-  CHECK(Turn(*ear, cluster, fresh, 3, 20).instance == 0);
+  CHECK(Turn(*ear, cluster, fresh, 3, 20).instance == 2);
   GrowingSession fresh2{5};
-  cluster.load(0).running_requests = 4;
-  CHECK(Turn(*ear, cluster, fresh2, 4, 20).instance == 2);
+  CHECK(Turn(*ear, cluster, fresh2, 4, 20).instance == 3);  // 2 now holds 320
+  GrowingSession fresh3{6};
+  cluster.load(3).running_requests = 1;  // fewer running beats less memory
+  GrowingSession fresh4{7};
+  CHECK(Turn(*ear, cluster, fresh3, 5, 20).instance == 3);
+  cluster.load(3).running_requests = 2;
+  cluster.load(2).pending_prefill_tokens = 49;  // less work beats both
+  CHECK(Turn(*ear, cluster, fresh4, 6, 20).instance == 2);
 }
 
 TEST_CASE("ear (cost rule): a move must save T_hot tokens of prefill after paying for the KV",

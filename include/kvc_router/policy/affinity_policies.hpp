@@ -54,6 +54,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -536,21 +537,21 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
   // argmin pending prefill + uncached input: the prefill work the request
-  // waits for and does. Ties: fewer running requests, then the lowest id.
+  // waits for and does. Ties: fewer running requests, then fewer tokens of
+  // live contexts bound there (idle instances share new sessions instead of
+  // the lowest id taking them all), then the lowest id.
   WorkerId LeastWork(const PolicyRequest& request, ClusterView& cluster, bool need_fit) {
     estimate_.Overlap(request.input_hashes, overlap_);
     WorkerId best = kNoWorker;
-    uint64_t best_work = 0;
-    uint32_t best_running = 0;
+    std::tuple<uint64_t, uint32_t, uint64_t> best_key;
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (need_fit && !Fits(d, request.input_tokens)) continue;
       const InstanceLoad load = cluster.instance_load(d);
-      const uint64_t work = PrefillWork(request, d, load);
-      if (best == kNoWorker || work < best_work ||
-          (work == best_work && load.running_requests < best_running)) {
+      const std::tuple<uint64_t, uint32_t, uint64_t> key{PrefillWork(request, d, load),
+                                                         load.running_requests, committed_[d]};
+      if (best == kNoWorker || key < best_key) {
         best = d;
-        best_work = work;
-        best_running = load.running_requests;
+        best_key = key;
       }
     }
     return best;
