@@ -326,6 +326,7 @@ TEST_CASE("ear on P/D: the prefill worker with the least work, its own cache cou
   cluster.prefill(0).pending_prefill_tokens = 300;
   Placement second = Turn(*ear, cluster, s, 1, 10);
   CHECK(second.prefill == 0);
+  CHECK(second.estimated_hit_tokens == 640);  // what prefill worker 0 computed before
   CHECK(second.instance == first.instance);  // the binding on D holds
   // A queue longer than what the cache saves sends it elsewhere: 0 now
   // caches 800 of the next 960 tokens, 900 + 160 > 960 on idle 1.

@@ -185,9 +185,11 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
   absl::StatusOr<Placement> p = (*ear)->Place(first, l);
   REQUIRE(p.ok());
   CHECK(p->instance == 0);
+  CHECK(p->estimated_hit_tokens == 0);  // nothing cached anywhere yet
   {
-    absl::StatusOr<LoadLedger::Ticket> t = l.Start(*p, first.input_tokens);
+    absl::StatusOr<LoadLedger::Ticket> t = l.Start(*p, first.input_tokens - p->estimated_hit_tokens);
     REQUIRE(t.ok());
+    CHECK(l.instance_load(0).pending_prefill_tokens == 320);
     t->FirstToken();
   }  // finished
   (*ear)->OnFinished(first, *p, l);
@@ -204,6 +206,13 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
   REQUIRE(p.ok());
   CHECK(p->instance == 1);
   CHECK(p->migrate_from == 0);
+  // The move brings the 320-token context: only the 32 appended tokens are
+  // prefill work on instance 1, which is what the gateway books.
+  CHECK(p->estimated_hit_tokens == 320);
+  absl::StatusOr<LoadLedger::Ticket> moved = l.Start(*p, next.input_tokens - p->estimated_hit_tokens);
+  REQUIRE(moved.ok());
+  CHECK(l.instance_load(1).pending_prefill_tokens == 32);
+  moved->Finish();
   busy.clear();
   CHECK(l.instance_load(0).pending_prefill_tokens == 0);
   CHECK(l.instance_load(0).running_requests == 0);

@@ -760,10 +760,15 @@ int Run(int argc, char** argv) {
     if (!o.requests_csv_path.empty()) {
       config.on_request = [&](const sim::RequestRecord& r) {
         const sim::TraceTurn& turn = trace->turns[r.turn];
+        // A refused request has no first token: its time fields stay empty.
+        const std::string first_token =
+            r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s);
+        const std::string ttft =
+            r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%.6f,%.6f,%.6f,%d,%s,%d,%d,%d,%d\n", name,
-            r.session, turn.turn, r.issue_s, r.first_token_s, r.first_token_s - r.issue_s,
-            r.finish_s, r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d\n", name, r.session,
+            turn.turn, r.issue_s, first_token, ttft, r.finish_s,
+            r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
             turn.reusable_tokens, turn.output_tokens);
       };

@@ -19,7 +19,8 @@
 //              KV moves to a lighter instance that can hold it (see
 //              PlanMigration). A session's first placement is the instance
 //              with the least prefill work for it (pending prefill + its
-//              uncached input) among those with room for its context.
+//              uncached input) among those with room for its context
+//              (give it kv_capacity_tokens, the workers' K_d, for that).
 //
 // Each runs on either topology. On the colocated one it picks the instance;
 // on the disaggregated one it picks the decode worker the same way and the
@@ -280,7 +281,6 @@ class AffinityPolicy final : public RoutingPolicy {
       if (std::optional<MigrationPlan> plan = PlanMigration(request, cluster)) {
         chosen = plan->to;
         migrate_from = plan->from;
-        estimate_.ForgetSession(plan->from, session);
         ++migrations_;
       } else {
         const WorkerId bound = binding(session);
@@ -289,6 +289,14 @@ class AffinityPolicy final : public RoutingPolicy {
     } else {
       chosen = Choose(request, cluster);
     }
+    // What the serving instance holds before this request: its own cache,
+    // or after a move what the move brings.
+    estimate_.Overlap(request.input_hashes, overlap_);
+    const uint64_t instance_hit = std::min<uint64_t>(
+        request.input_tokens,
+        uint64_t{overlap_[migrate_from != kNoWorker ? migrate_from : chosen]} *
+            options_.block_tokens);
+    if (migrate_from != kNoWorker) estimate_.ForgetSession(migrate_from, session);
     estimate_.Learn(chosen, session, request.input_hashes);
     Bind(session, chosen);
     if (options_.rule == AffinityRule::kEar) {
@@ -298,12 +306,15 @@ class AffinityPolicy final : public RoutingPolicy {
       Track(session, b, std::max(b.context_tokens, request.input_tokens), now);
     }
     WorkerId prefill = kNoWorker;
+    uint64_t hit = instance_hit;
     if (options_.topology == Topology::kDisaggregated) {
-      prefill = options_.rule == AffinityRule::kEar ? ChoosePrefillByWork(request, cluster)
+      hit = 0;  // the load-only prefill choice keeps no estimate
+      prefill = options_.rule == AffinityRule::kEar ? ChoosePrefillByWork(request, cluster, hit)
                                                     : ChoosePrefill(cluster);
     }
     Placement placement = CachePlacement(request, chosen, prefill);
     placement.migrate_from = migrate_from;
+    placement.estimated_hit_tokens = hit;
     return placement;
   }
 
@@ -335,7 +346,8 @@ class AffinityPolicy final : public RoutingPolicy {
   //    move; with it disabled, that instance stays under T_hot / 2 pending
   //    tokens after taking the turn. A memory move instead needs the
   //    target's pending prefill, with the append, at most
-  //    memory_move_max_pending_tokens.
+  //    memory_move_max_pending_tokens: it may go to an instance busier than
+  //    home, since losing the context to eviction costs a full re-prefill.
   // The target is the lightest such instance by observable pending prefill
   // tokens (then running requests, then id). Otherwise the binding stays:
   // migration is opportunistic, never forced. Counting the append on the
@@ -467,15 +479,16 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
   // ear's first placement: the least prefill work (LeastWork) among the
-  // instances that can hold the input beside the live contexts bound there;
-  // when none can, the instance with the most room left. The work sum is
+  // instances that can hold the input beside the live contexts bound there
+  // (all of them without a K_d or with memory_trigger off); when none can,
+  // the instance with the most room left. The work sum is
   // what the first token waits for, so a cached prefix counts exactly as
   // much as the queue it would save; LMetric's product with running
   // requests instead ties every idle instance at 0 and lets a burst of new
   // sessions pile their long prompts on one of them.
   WorkerId PlaceNewSession(const PolicyRequest& request, ClusterView& cluster) {
     if (options_.kv_capacity_tokens == 0 || !options_.memory_trigger) {
-      return Choose(request, cluster);
+      return LeastWork(request, cluster, /*need_fit=*/false);
     }
     const WorkerId fit = LeastWork(request, cluster, /*need_fit=*/true);
     if (fit != kNoWorker) return fit;
@@ -562,7 +575,10 @@ class AffinityPolicy final : public RoutingPolicy {
   // estimate of what each prefill worker computed), so a session's next
   // prompt tends to find its previous one where it was computed. Ties: fewer
   // running requests, then the lowest id.
-  WorkerId ChoosePrefillByWork(const PolicyRequest& request, ClusterView& cluster) {
+  // `hit` receives the tokens of the input the chosen worker was estimated
+  // to hold before this request.
+  WorkerId ChoosePrefillByWork(const PolicyRequest& request, ClusterView& cluster,
+                               uint64_t& hit) {
     prefill_estimate_.Overlap(request.input_hashes, prefill_overlap_);
     WorkerId best = 0;
     uint64_t best_work = 0;
@@ -578,6 +594,8 @@ class AffinityPolicy final : public RoutingPolicy {
         best_running = load.running_requests;
       }
     }
+    hit = std::min<uint64_t>(request.input_tokens,
+                             uint64_t{prefill_overlap_[best]} * options_.block_tokens);
     prefill_estimate_.Learn(best, request.request.session, request.input_hashes);
     return best;
   }

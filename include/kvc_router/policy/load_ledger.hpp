@@ -16,13 +16,15 @@
 // destructor, so a transport that throws or an early return loses nothing.
 // These policies make no admission RPC; `Admit` says so.
 //
-// Thread-safe: many gateway threads may place, start and finish requests
-// at once. The ledger must outlive its tickets.
+// The ledger is thread-safe: many gateway threads may start and finish
+// requests and read loads at once. A ticket has one owner (hand it to the
+// thread that sees the first token and the end, or guard it). The policies
+// themselves are not thread-safe: serialise Place and OnFinished. The
+// ledger must outlive its tickets.
 //
 //   auto ledger = kvc_router::policy::LoadLedger::Create(Topology::kColocated, 8, 0);
 //   absl::StatusOr<Placement> where = ear->Place(request, **ledger);
-//   auto ticket = (*ledger)->Start(*where, request.input_tokens -
-//                                  ear->EstimatedHitTokens(where->instance, request.input_hashes));
+//   auto ticket = (*ledger)->Start(*where, request.input_tokens - where->estimated_hit_tokens);
 //   ... send; on the first streamed token: ticket->FirstToken(); at the end: ticket->Finish();
 #pragma once
 
@@ -122,21 +124,23 @@ class LoadLedger final : public ClusterView {
   };
 
   // Books a request placed by a policy: `prefill_tokens` of prefill work (its
-  // input less what the serving side is expected to hold) on the prefill
-  // worker, or on the instance when it prefills itself, and one running
-  // request on the instance. A placement naming no instance or an unknown
-  // worker is refused and books nothing.
+  // input less what the serving side is expected to hold, e.g.
+  // input_tokens - placement.estimated_hit_tokens) on the prefill worker, or
+  // on the instance when it prefills itself (colocated, or a decode worker
+  // serving an append in place), and one running request on the instance.
+  // A placement naming no instance or an unknown worker is refused and books
+  // nothing.
   absl::StatusOr<Ticket> Start(const Placement& placement, uint64_t prefill_tokens) {
-    if (placement.instance >= instances_.size()) {
+    if (placement.instance >= num_instances_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger::Start: placement instance ", placement.instance, " is not one of the ",
-          instances_.size(), " instances"));
+          num_instances_, " instances"));
     }
     const bool on_worker = placement.prefill != kNoWorker;
-    if (on_worker && placement.prefill >= prefill_.size()) {
+    if (on_worker && placement.prefill >= num_prefill_workers_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger::Start: placement prefill worker ", placement.prefill, " is not one of the ",
-          prefill_.size(), " prefill workers"));
+          num_prefill_workers_, " prefill workers"));
     }
     Ticket ticket;
     ticket.ledger_ = this;
@@ -156,15 +160,17 @@ class LoadLedger final : public ClusterView {
 
   // ClusterView.
   Topology topology() const override { return topology_; }
-  uint32_t num_prefill_workers() const override { return static_cast<uint32_t>(prefill_.size()); }
-  uint32_t num_instances() const override { return static_cast<uint32_t>(instances_.size()); }
+  uint32_t num_prefill_workers() const override { return num_prefill_workers_; }
+  uint32_t num_instances() const override { return num_instances_; }
   InstanceLoad instance_load(WorkerId instance) const override {
+    if (instance >= num_instances_) return InstanceLoad{};
     absl::MutexLock lock(&mu_);
-    return instance < instances_.size() ? instances_[instance] : InstanceLoad{};
+    return instances_[instance];
   }
   InstanceLoad prefill_load(WorkerId prefill) const override {
+    if (prefill >= num_prefill_workers_) return InstanceLoad{};
     absl::MutexLock lock(&mu_);
-    return prefill < prefill_.size() ? prefill_[prefill] : InstanceLoad{};
+    return prefill_[prefill];
   }
   double now_s() const override { return clock_(); }
   absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
@@ -177,6 +183,8 @@ class LoadLedger final : public ClusterView {
  private:
   LoadLedger(Topology topology, uint32_t instances, uint32_t prefill_workers, Clock clock)
       : topology_(topology),
+        num_instances_(instances),
+        num_prefill_workers_(prefill_workers),
         clock_(std::move(clock)),
         instances_(instances),
         prefill_(prefill_workers) {}
@@ -193,6 +201,8 @@ class LoadLedger final : public ClusterView {
   }
 
   const Topology topology_;
+  const uint32_t num_instances_;
+  const uint32_t num_prefill_workers_;
   const Clock clock_;
   mutable absl::Mutex mu_;
   std::vector<InstanceLoad> instances_ ABSL_GUARDED_BY(mu_);

@@ -171,6 +171,11 @@ struct Placement {
   // instance to `instance` with its own KV mover, then serves the request
   // there. kNoWorker: no migration. Only for Booking::kSession.
   WorkerId migrate_from = kNoWorker;
+  // The policy's estimate, when it placed the request, of the input tokens
+  // already held where the prompt is prefilled (the prefill worker, else the
+  // instance; after a migration, what the move brings). input_tokens minus
+  // this is the prefill work to book (LoadLedger::Start). 0: no estimate.
+  uint64_t estimated_hit_tokens = 0;
 };
 
 // A placement on an instance that keeps the request's KV in its own cache
