@@ -93,6 +93,9 @@ TEST_CASE("load ledger: bad shapes and placements are refused and book nothing",
   CHECK_THAT(test::Message(l.Start(On(2, 0), 10).status()), Catch::Contains("instance 2"));
   CHECK_THAT(test::Message(l.Start(On(kNoWorker), 10).status()), Catch::Contains("instance"));
   CHECK_THAT(test::Message(l.Start(On(0, 1), 10).status()), Catch::Contains("prefill worker 1"));
+  const uint64_t wrapped = uint64_t{100} - uint64_t{300};  // an input minus a larger hit
+  CHECK_THAT(test::Message(l.Start(On(0, 0), wrapped).status()),
+             Catch::Contains("prefill_tokens 18446744073709551416"));
   for (WorkerId d = 0; d < 2; ++d) {
     CHECK(l.instance_load(d).running_requests == 0);
     CHECK(l.instance_load(d).pending_prefill_tokens == 0);

@@ -16,6 +16,20 @@
 namespace kvc_router {
 namespace {
 
+// `n` sessions only gateway thread `thread` uses (ids thread * 1000 + i).
+std::vector<testing::SyntheticSession> OwnedSessions(int thread, size_t n) {
+  std::vector<testing::SyntheticSession> sessions(n);
+  for (size_t i = 0; i < n; ++i) sessions[i].id = static_cast<SessionId>(thread) * 1000 + i;
+  return sessions;
+}
+
+// The next turn of `s` (0-3 new blocks); its chain restarts past `max_blocks`.
+Request NextTurn(testing::ScenarioRng& rng, testing::SyntheticSession& s, size_t max_blocks,
+                 uint32_t block_tokens) {
+  if (s.chain.size() > max_blocks) s.chain.resize(0);
+  return s.NextTurn(rng, rng.Uniform(0, 3), block_tokens, 1);
+}
+
 TEST_CASE("concurrent dispatch keeps every invariant", "[tsan][threads]") {
   constexpr int kThreads = 4;
   constexpr int kOpsPerThread = 3000;
@@ -37,16 +51,11 @@ TEST_CASE("concurrent dispatch keeps every invariant", "[tsan][threads]") {
 
   auto gateway = [&](int thread) {
     testing::ScenarioRng rng(seed * 31 + static_cast<uint64_t>(thread));
-    std::vector<testing::SyntheticSession> sessions(8);
-    for (size_t i = 0; i < sessions.size(); ++i) {
-      sessions[i].id = static_cast<SessionId>(thread) * 1000 + i;  // owned by this thread
-    }
+    std::vector<testing::SyntheticSession> sessions = OwnedSessions(thread, 8);
     std::vector<DispatchOp<EstimateIndex>> open;
     for (int i = 0; i < kOpsPerThread; ++i) {
       testing::SyntheticSession& s = sessions[rng.Uniform(0, sessions.size() - 1)];
-      if (s.chain.size() > 300) s.chain.resize(0);
-      const Request request = s.NextTurn(rng, rng.Uniform(0, 3), config.block_tokens, 1);
-      auto op = StartDispatch(state, request);
+      auto op = StartDispatch(state, NextTurn(rng, s, 300, config.block_tokens));
       if (!op.ok()) {
         ++violations;
         continue;
@@ -126,16 +135,11 @@ TEST_CASE("concurrent dispatch under worker churn and failures", "[tsan][threads
 
   auto gateway = [&](int thread) {
     testing::ScenarioRng rng(seed * 17 + static_cast<uint64_t>(thread));
-    std::vector<testing::SyntheticSession> sessions(6);
-    for (size_t i = 0; i < sessions.size(); ++i) {
-      sessions[i].id = static_cast<SessionId>(thread) * 1000 + i;
-    }
+    std::vector<testing::SyntheticSession> sessions = OwnedSessions(thread, 6);
     std::vector<DispatchOp<EstimateIndex>> open;
     for (int i = 0; i < kOpsPerThread; ++i) {
       testing::SyntheticSession& s = sessions[rng.Uniform(0, sessions.size() - 1)];
-      if (s.chain.size() > 200) s.chain.resize(0);
-      const Request request = s.NextTurn(rng, rng.Uniform(0, 3), config.block_tokens, 1);
-      auto op = StartDispatch(state, request);
+      auto op = StartDispatch(state, NextTurn(rng, s, 200, config.block_tokens));
       if (!op.ok()) {
         ++violations;
         continue;

@@ -275,6 +275,9 @@ class AffinityPolicy final : public RoutingPolicy {
       }
     }
     ExpireIdle(now);
+    // What each instance is estimated to hold of the input, before this
+    // request is learned: read by every rule below and by the hit estimate.
+    estimate_.Overlap(request.input_hashes, overlap_);
     WorkerId chosen = kNoWorker;
     WorkerId migrate_from = kNoWorker;
     if (options_.rule == AffinityRule::kEar) {
@@ -291,7 +294,6 @@ class AffinityPolicy final : public RoutingPolicy {
     }
     // What the serving instance holds before this request: its own cache,
     // or after a move what the move brings.
-    estimate_.Overlap(request.input_hashes, overlap_);
     const uint64_t instance_hit = std::min<uint64_t>(
         request.input_tokens,
         uint64_t{overlap_[migrate_from != kNoWorker ? migrate_from : chosen]} *
@@ -503,9 +505,11 @@ class AffinityPolicy final : public RoutingPolicy {
     return options_.kv_capacity_tokens == 0 || committed_[d] + tokens <= options_.kv_capacity_tokens;
   }
 
+  // The rule helpers below read overlap_, which Place fills for the request
+  // before it decides.
+
   // The instance caching more than high_cache_fraction of the input, if any.
   WorkerId HighCacheInstance(const PolicyRequest& request, bool need_fit) {
-    estimate_.Overlap(request.input_hashes, overlap_);
     WorkerId best = kNoWorker;
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (need_fit && !Fits(d, request.input_tokens)) continue;
@@ -530,7 +534,6 @@ class AffinityPolicy final : public RoutingPolicy {
   // smaller prefill term, then the lowest id. With `need_fit`, only
   // instances that can hold the input (kNoWorker when none can).
   WorkerId LMetric(const PolicyRequest& request, ClusterView& cluster, bool need_fit) {
-    estimate_.Overlap(request.input_hashes, overlap_);
     WorkerId best = kNoWorker;
     LMetricScore best_score = 0;
     uint64_t best_prefill = 0;
@@ -554,7 +557,6 @@ class AffinityPolicy final : public RoutingPolicy {
   // live contexts bound there (idle instances share new sessions instead of
   // the lowest id taking them all), then the lowest id.
   WorkerId LeastWork(const PolicyRequest& request, ClusterView& cluster, bool need_fit) {
-    estimate_.Overlap(request.input_hashes, overlap_);
     WorkerId best = kNoWorker;
     std::tuple<uint64_t, uint32_t, uint64_t> best_key;
     for (WorkerId d = 0; d < options_.instances; ++d) {

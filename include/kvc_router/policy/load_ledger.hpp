@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kvc_router/config.hpp"
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_router/types.hpp"
 
@@ -135,6 +136,11 @@ class LoadLedger final : public ClusterView {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger::Start: placement instance ", placement.instance, " is not one of the ",
           num_instances_, " instances"));
+    }
+    if (prefill_tokens > kMaxCapacityTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger::Start: prefill_tokens ", prefill_tokens, " is above ", kMaxCapacityTokens,
+          " (more than any KV pool; an input minus a larger hit wrapped around?)"));
     }
     const bool on_worker = placement.prefill != kNoWorker;
     if (on_worker && placement.prefill >= num_prefill_workers_) {
