@@ -519,6 +519,11 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
                  "one row per request and policy (times, mode, instance, tokens)")
       ->type_name("PATH")
       ->group(out);
+  app.add_option("--hit-bound", o.sim.hit_bound,
+                 "also report each run's hit-rate bound: the offline optimum of its request "
+                 "order with every pool as one cache")
+      ->capture_default_str()
+      ->group(out);
   app.add_option("--plot", o.plot_path, "TTFT CDF and mode shares, drawn by gnuplot")
       ->type_name("PATH.png")
       ->group(out);
@@ -735,7 +740,7 @@ int Run(int argc, char** argv) {
   if (!o.requests_csv_path.empty()) {
     request_rows =
         "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
-        "input_tokens,reusable_tokens,output_tokens\n";
+        "input_tokens,reusable_tokens,output_tokens,cached_tokens\n";
   }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
@@ -766,11 +771,11 @@ int Run(int argc, char** argv) {
         const std::string ttft =
             r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d\n", name, r.session,
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d\n", name, r.session,
             turn.turn, r.issue_s, first_token, ttft, r.finish_s,
             r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
-            turn.reusable_tokens, turn.output_tokens);
+            turn.reusable_tokens, turn.output_tokens, r.cached_tokens);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =

@@ -72,6 +72,12 @@ struct PolicyResult {
   uint64_t kv_transfer_bytes = 0;
   // Of the cached tokens, those reloaded from a host tier.
   uint64_t host_reload_tokens = 0;
+  // With SimConfig::hit_bound: the most input tokens caches as large as all
+  // of this run's pools together could have served on this run's order
+  // (hit_bound.hpp); and what one LRU pool of that size would have served.
+  // Both 0 when not computed.
+  uint64_t hit_bound_tokens = 0;
+  uint64_t one_pool_lru_tokens = 0;
 
   Summary ttft_s;
   Summary e2e_s;
@@ -132,6 +138,14 @@ struct PolicyResult {
   double hit_rate() const {
     return input_tokens == 0 ? 0.0
                              : static_cast<double>(cached_tokens) / static_cast<double>(input_tokens);
+  }
+  // hit_bound_tokens and one_pool_lru_tokens as shares of input_tokens,
+  // comparable to hit_rate().
+  double hit_bound() const { return TokenShare(hit_bound_tokens); }
+  double one_pool_lru_hit_rate() const { return TokenShare(one_pool_lru_tokens); }
+  double TokenShare(uint64_t tokens) const {
+    return input_tokens == 0 ? 0.0
+                             : static_cast<double>(tokens) / static_cast<double>(input_tokens);
   }
   uint64_t total_rejections() const {
     uint64_t total = 0;

@@ -81,6 +81,8 @@ struct ReplayReport {
   LoopMode loop = LoopMode::kClosed;
   uint32_t concurrency = 0;  // 0 = unlimited
   bool prefix_cache = true;
+  // Whether each result carries its hit-rate bound (SimConfig::hit_bound).
+  bool hit_bound = false;
 
   // The policies' knobs: KVC's (alpha, tau_reject, epsilon with 0 = |D|,
   // v1/v2 reset), KV events, and the cache-aware baselines' options.
@@ -115,6 +117,7 @@ struct ReplayReport {
     loop = sim.loop;
     concurrency = sim.concurrency;
     prefix_cache = sim.prefix_cache;
+    hit_bound = sim.hit_bound;
     router = setup.router;
     kv_events = setup.kv_events;
     cache_aware = setup.cache_aware;
@@ -145,7 +148,7 @@ inline std::string ModeKey(int m) {
   return std::string(DecisionModeName(static_cast<DecisionMode>(m)));
 }
 
-inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended) {
+inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended, bool hit_bound) {
   nlohmann::ordered_json j;
   j["name"] = p.name;
   j["recommended"] = recommended;
@@ -171,6 +174,9 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["modes"] = std::move(modes);
   j["mode_counts"] = std::move(counts);
   j["hit_rate"] = p.hit_rate();
+  j["hit_bound"] = hit_bound ? nlohmann::ordered_json(p.hit_bound()) : nlohmann::ordered_json();
+  j["one_pool_lru_hit_rate"] =
+      hit_bound ? nlohmann::ordered_json(p.one_pool_lru_hit_rate()) : nlohmann::ordered_json();
   j["ttft_s"] = JsonSummary(p.ttft_s);
   j["e2e_s"] = JsonSummary(p.e2e_s);
   j["ttft_by_mode_s"] = std::move(by_mode);
@@ -307,7 +313,8 @@ inline std::string FormatJson(const ReplayReport& r) {
   Json policies = Json::array();
   for (const PolicyResult& p : r.results) {
     policies.push_back(
-        detail::JsonPolicy(p, !r.recommended_policy.empty() && p.name == r.recommended_policy));
+        detail::JsonPolicy(p, !r.recommended_policy.empty() && p.name == r.recommended_policy,
+                          r.hit_bound));
   }
   root["policies"] = std::move(policies);
   // nlohmann writes non-finite doubles as null; `replace` keeps a trace path
@@ -322,7 +329,7 @@ inline std::string FormatCsv(const ReplayReport& r) {
       "ttft_p99_s,e2e_p50_s,e2e_p90_s,e2e_p99_s,worker_ttft_p90_median_s,worker_ttft_p90_max_s,"
       "rej_real_large_append,rej_no_d_capacity,rej_session_not_resident_no_capacity,"
       "rej_worker_unavailable,migrations,evictions,memory_waits,amplification,makespan_s,"
-      "in_flight_mean,sessions_active_mean,refused_oversize\n";
+      "in_flight_mean,sessions_active_mean,refused_oversize,hit_bound,one_pool_lru_hit_rate\n";
   for (const PolicyResult& p : r.results) {
     absl::StrAppend(&out, p.name, ",", std::string(policy::TopologyName(p.topology)), ",",
                     p.requests);
@@ -338,7 +345,9 @@ inline std::string FormatCsv(const ReplayReport& r) {
     absl::StrAppend(&out, ",", p.migrations, ",", p.evictions, ",", p.memory_waits, ",",
                     CsvNumber(p.amplification, 4), ",", CsvNumber(p.makespan_s, 3), ",",
                     CsvNumber(p.in_flight_mean, 3), ",", CsvNumber(p.sessions_active_mean, 3), ",",
-                    p.refused_oversize, "\n");
+                    p.refused_oversize, ",",
+                    r.hit_bound ? CsvNumber(p.hit_bound()) : std::string(), ",",
+                    r.hit_bound ? CsvNumber(p.one_pool_lru_hit_rate()) : std::string(), "\n");
   }
   return out;
 }
@@ -407,6 +416,16 @@ inline std::string FormatTable(const ReplayReport& r,
       absl::StrAppend(&out, absl::StrFormat("  %5.2fs", replay_seconds[i]));
     }
     out += "\n";
+  }
+  if (r.hit_bound && !r.results.empty()) {
+    // What each run's hit rate could have been on its own request order,
+    // with all pools as one: managed by LRU, and the offline optimum.
+    out += "\nhit rate against all pools as one cache, same order (hit_bound.hpp):\n";
+    out += "policy         hit  one LRU pool  optimum\n";
+    for (const PolicyResult& p : r.results) {
+      absl::StrAppend(&out, absl::StrFormat("%-12s %5.3f  %12.3f  %7.3f\n", p.name, p.hit_rate(),
+                                            p.one_pool_lru_hit_rate(), p.hit_bound()));
+    }
   }
   for (const PolicyResult& p : r.results) {
     if (p.name == r.recommended_policy) {

@@ -65,6 +65,7 @@
 #include "kvc_sim/cost_model.hpp"
 #include "kvc_sim/event_queue.hpp"
 #include "kvc_sim/faults.hpp"
+#include "kvc_sim/hit_bound.hpp"
 #include "kvc_sim/instance.hpp"
 #include "kvc_sim/metrics.hpp"
 #include "kvc_sim/page_cache.hpp"
@@ -108,6 +109,8 @@ struct RequestRecord {
   WorkerId instance = kNoWorker;
   DecisionMode mode = DecisionMode::kFallback;
   bool refused = false;
+  // Input tokens served from cache (GPU, host tier or moved KV); 0 when refused.
+  uint64_t cached_tokens = 0;
 };
 
 struct SimConfig {
@@ -131,6 +134,11 @@ struct SimConfig {
   std::function<void(const RequestRecord&)> on_request;
   // Injected faults (faults.hpp); none by default.
   FaultConfig faults;
+  // Also compute PolicyResult::hit_bound_tokens (hit_bound.hpp): the most any
+  // caches as large as all of this run's pools together could have served,
+  // in the order this run's prefills began, and one_pool_lru_tokens. Costs
+  // two passes over every block of every request.
+  bool hit_bound = false;
 
   static AdmissionConfig DefaultAdmission() {
     AdmissionConfig admission;
@@ -281,6 +289,7 @@ class Simulator final : public policy::ClusterView {
     // Of those, tokens reloaded from the instance's host tier.
     uint64_t instance_host_hit = 0;
     uint64_t prefill_compute = 0;  // tokens computed on the prefill worker
+    uint64_t cached = 0;           // input tokens served from cache
     uint64_t decode_context = 0;
     WorkerId admitted_on = kNoWorker;
     SessionId booked_id = 0;
@@ -441,6 +450,14 @@ class Simulator final : public policy::ClusterView {
                                 ? result_.makespan_s / result_.trace_span_s
                                 : std::numeric_limits<double>::quiet_NaN();
     Summarize();
+    if (config_.hit_bound) {
+      const uint64_t per_worker = config_.admission.capacity_tokens + config_.host_tier.capacity_tokens;
+      const absl::StatusOr<HitBound> bound = OfflineHitBound(
+          trace_, prefill_order_, per_worker * (instances_.size() + prefills_.size()));
+      if (!bound.ok()) return bound.status();
+      result_.hit_bound_tokens = bound->hit_tokens;
+      result_.one_pool_lru_tokens = bound->lru_hit_tokens;
+    }
     return std::move(result_);
   }
 
@@ -538,6 +555,10 @@ class Simulator final : public policy::ClusterView {
   void StartPrefill(uint32_t slot) {
     Flight& f = flights_[slot];
     const TraceTurn& t = trace_.turns[f.turn];
+    if (config_.hit_bound && !prefill_began_[f.turn]) {
+      prefill_began_[f.turn] = 1;
+      prefill_order_.push_back(f.turn);
+    }
     if (f.placement.prefill != kNoWorker) {
       SimPrefillWorker& p = prefills_[f.placement.prefill];
       const PageCache::Match match =
@@ -559,6 +580,7 @@ class Simulator final : public policy::ClusterView {
       f.prefill_compute = compute;
       result_.prefill_tokens_remote += compute;
       result_.cached_tokens += hit + host;
+      f.cached = hit + host;
       result_.host_reload_tokens += host;
       queue_.Push(p.free_at, EventPayload{EventType::kPrefillDone, slot, 0});
       return;
@@ -568,6 +590,7 @@ class Simulator final : public policy::ClusterView {
     const uint64_t compute = t.input_tokens - cached;
     result_.prefill_tokens_local += compute;
     result_.cached_tokens += cached;
+    f.cached = cached;
     result_.host_reload_tokens += f.instance_host_hit;
     inst.gpu.AdvanceTo(now_);
     const double seconds = config_.cost.PrefillSeconds(compute, cached) +
@@ -691,6 +714,7 @@ class Simulator final : public policy::ClusterView {
       record.instance = f.placement.instance;
       record.mode = f.placement.mode;
       record.refused = std::isnan(ttft_[f.turn]);
+      record.cached_tokens = record.refused ? 0 : f.cached;
       config_.on_request(record);
     }
     policy_.OnFinished(f.request, f.placement, *this);
@@ -1074,6 +1098,9 @@ class Simulator final : public policy::ClusterView {
 
   // Per turn.
   std::vector<double> ttft_;
+  // Requests in the order their prefills began (only with config_.hit_bound).
+  std::vector<uint32_t> prefill_order_;
+  std::vector<uint8_t> prefill_began_ = std::vector<uint8_t>(trace_.turns.size(), 0);
   std::vector<double> e2e_;
   std::vector<DecisionMode> mode_;
   std::vector<WorkerId> served_by_;
