@@ -9,7 +9,8 @@
 #      like a public Claude Code session profile (contexts of ~50k-200k tokens);
 #   2. the bundled Mooncake conversation trace (data/traces/mooncake/).
 # Prints one comparison table per workload and writes JSON, CSV and a plot
-# (TTFT CDF and mode shares) to build/replay/.
+# (TTFT CDF and mode shares) to build/replay/, and each run's hit-rate bound
+# (docs/simulator.md, "Hit-rate bound").
 #
 #   ./scripts/run.sh
 #
@@ -30,7 +31,8 @@ cmake --build build/release --parallel "${KVC_JOBS}" --target kvc-replay >&2
 
 out=build/replay
 mkdir -p "${out}"
-replay=(build/release/sim/tools/kvc-replay --profile h100-8b --concurrency 32 --policies all)
+replay=(build/release/sim/tools/kvc-replay --profile h100-8b --concurrency 32 --policies all
+  --hit-bound true)
 
 kvc_log "replay 1/2: claude-code preset (1,000 sessions, 32 at a time)"
 "${replay[@]}" --synthetic --preset claude-code \

@@ -421,9 +421,9 @@ inline std::string FormatTable(const ReplayReport& r,
     // What each run's hit rate could have been on its own request order,
     // with all pools as one: managed by LRU, and the offline optimum.
     out += "\nhit rate against all pools as one cache, same order (hit_bound.hpp):\n";
-    out += "policy         hit  one LRU pool  optimum\n";
+    out += "policy               hit  one LRU pool  optimum\n";
     for (const PolicyResult& p : r.results) {
-      absl::StrAppend(&out, absl::StrFormat("%-12s %5.3f  %12.3f  %7.3f\n", p.name, p.hit_rate(),
+      absl::StrAppend(&out, absl::StrFormat("%-18s %5.3f  %12.3f  %7.3f\n", p.name, p.hit_rate(),
                                             p.one_pool_lru_hit_rate(), p.hit_bound()));
     }
   }
