@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvc_sim/policies/registry.hpp"
@@ -44,43 +45,49 @@ Trace TwoTurnSessions(uint32_t sessions) {
   return trace;
 }
 
+// A small claude-code-shaped workload.
+Trace SmallClaudeCode(uint32_t sessions, uint64_t seed) {
+  SyntheticConfig c = SyntheticConfig::ClaudeCode();
+  c.sessions = sessions;
+  c.requests = 10 * sessions;
+  c.seed = seed;
+  absl::StatusOr<Trace> trace = GenerateSynthetic(c);
+  REQUIRE(trace.ok());
+  return std::move(*trace);
+}
+
+// The optimum's and one LRU pool's cached tokens for `order` in `capacity`.
+std::pair<uint64_t, uint64_t> Served(const Trace& trace, const std::vector<uint32_t>& order,
+                                     uint64_t capacity) {
+  const absl::StatusOr<HitBound> bound = OfflineHitBound(trace, order, capacity);
+  REQUIRE(bound.ok());
+  return {bound->hit_tokens, bound->lru_hit_tokens};
+}
+
+using Pair = std::pair<uint64_t, uint64_t>;
+
 TEST_CASE("hit bound: a cycle one block too large for the cache", "[sim][hit-bound]") {
   // A0 B0 C0 A1 B1 C1: six blocks are read again, four fit.
   const Trace trace = TwoTurnSessions(3);
   const std::vector<uint32_t> order = {0, 2, 4, 1, 3, 5};
-  auto bound = OfflineHitBound(trace, order, 4);
+  const absl::StatusOr<HitBound> bound = OfflineHitBound(trace, order, 4);
   REQUIRE(bound.ok());
   CHECK(bound->input_tokens == 15);
-  // The optimum keeps A's and B's blocks and leaves C's out: A1 and B1 hit
-  // both of theirs.
-  CHECK(bound->hit_tokens == 4);
-  // LRU evicts exactly what is read next, every time.
-  CHECK(bound->lru_hit_tokens == 0);
-
+  // The optimum keeps A's and B's blocks and leaves C's out, so A1 and B1
+  // hit both of theirs; LRU evicts exactly what is read next, every time.
+  CHECK(Served(trace, order, 4) == Pair{4, 0});
   // With room for all six the optimum hits every second turn's two blocks.
   // LRU makes room for A1's new block by evicting B's deepest, and B1's
   // new blocks evict C's: it gets 2 + 1 + 0.
-  bound = OfflineHitBound(trace, order, 6);
-  REQUIRE(bound.ok());
-  CHECK(bound->hit_tokens == 6);
-  CHECK(bound->lru_hit_tokens == 3);
+  CHECK(Served(trace, order, 6) == Pair{6, 3});
   // Room for the new blocks too: both get everything; with none, nothing.
-  bound = OfflineHitBound(trace, order, 9);
-  REQUIRE(bound.ok());
-  CHECK(bound->hit_tokens == 6);
-  CHECK(bound->lru_hit_tokens == 6);
-  bound = OfflineHitBound(trace, order, 0);
-  REQUIRE(bound.ok());
-  CHECK(bound->hit_tokens == 0);
-  CHECK(bound->lru_hit_tokens == 0);
+  CHECK(Served(trace, order, 9) == Pair{6, 6});
+  CHECK(Served(trace, order, 0) == Pair{0, 0});
 
   // Requests left out of the order neither read nor fill the cache.
   const std::vector<uint32_t> without_c = {0, 2, 1, 3};
-  bound = OfflineHitBound(trace, without_c, 4);
-  REQUIRE(bound.ok());
-  CHECK(bound->input_tokens == 10);
-  CHECK(bound->hit_tokens == 4);
-  CHECK(bound->lru_hit_tokens == 3);
+  CHECK(OfflineHitBound(trace, without_c, 4)->input_tokens == 10);
+  CHECK(Served(trace, without_c, 4) == Pair{4, 3});
 }
 
 TEST_CASE("hit bound: an order naming a turn twice or outside the trace is refused",
@@ -102,12 +109,7 @@ TEST_CASE("hit bound: no policy beats the bound of its own run (property)",
   const std::vector<std::string> policies = {"dp",  "ear",         "unified",  "load-only",
                                              "kvc", "kvc-adaptive", "pd-sglang", "ear-pd"};
   for (uint64_t seed = 1; seed <= 6; ++seed) {
-    SyntheticConfig c = SyntheticConfig::ClaudeCode();
-    c.sessions = 24;
-    c.requests = 240;
-    c.seed = seed;
-    auto trace = GenerateSynthetic(c);
-    REQUIRE(trace.ok());
+    const Trace trace = SmallClaudeCode(24, seed);
     SimConfig config;
     config.concurrency = 12;
     config.hit_bound = true;
@@ -116,12 +118,12 @@ TEST_CASE("hit bound: no policy beats the bound of its own run (property)",
     PolicySetup setup;
     setup.cluster = config.cluster;
     setup.admission = config.admission;
-    setup.router.block_tokens = trace->block_tokens;
+    setup.router.block_tokens = trace.block_tokens;
     for (const std::string& name : policies) {
       INFO("seed " << seed << ", policy " << name << ", K_d " << config.admission.capacity_tokens);
       absl::StatusOr<MadePolicy> made = MakePolicy(name, setup);
       REQUIRE(made.ok());
-      auto result = Simulator::Run(*trace, *made->policy, config, made->engine);
+      auto result = Simulator::Run(trace, *made->policy, config, made->engine);
       REQUIRE(result.ok());
       CHECK(result->hit_bound_tokens > 0);
       CHECK(result->cached_tokens <= result->hit_bound_tokens);
@@ -134,18 +136,13 @@ TEST_CASE("hit bound: more memory never lowers it, and unlimited memory reaches 
           "[sim][hit-bound][property]") {
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     INFO("seed " << seed);
-    SyntheticConfig c = SyntheticConfig::ClaudeCode();
-    c.sessions = 16;
-    c.requests = 160;
-    c.seed = seed;
-    auto trace = GenerateSynthetic(c);
-    REQUIRE(trace.ok());
+    const Trace trace = SmallClaudeCode(16, seed);
     // Trace order: every session's turns in order, sessions one after another.
-    std::vector<uint32_t> order(trace->turns.size());
+    std::vector<uint32_t> order(trace.turns.size());
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
     uint64_t previous = 0;
     for (uint64_t capacity : {0ull, 50000ull, 200000ull, 800000ull, 3200000ull}) {
-      auto bound = OfflineHitBound(*trace, order, capacity);
+      auto bound = OfflineHitBound(trace, order, capacity);
       REQUIRE(bound.ok());
       CHECK(bound->hit_tokens >= previous);
       CHECK(bound->lru_hit_tokens <= bound->hit_tokens);
@@ -153,9 +150,9 @@ TEST_CASE("hit bound: more memory never lowers it, and unlimited memory reaches 
     }
     // Unlimited: each later turn finds its whole previous context (up to the
     // partial block ending it) and later sessions the shared system prompt.
-    auto unlimited = OfflineHitBound(*trace, order, uint64_t{1} << 40);
+    auto unlimited = OfflineHitBound(trace, order, uint64_t{1} << 40);
     REQUIRE(unlimited.ok());
-    CHECK(unlimited->hit_rate() >= trace->IdealSessionHitRate() - 1e-12);
+    CHECK(unlimited->hit_rate() >= trace.IdealSessionHitRate() - 1e-12);
     CHECK(unlimited->lru_hit_tokens == unlimited->hit_tokens);
   }
 }
