@@ -1,33 +1,42 @@
 // kvc_sim/hit_bound.hpp
 //
-// How many input tokens any router could have served from cache, given the
-// cluster's total KV memory and the order in which requests reached the
-// engines. A replay's hit rate says what a policy got; this says what was
-// there to get, so "0.74 against an ideal of 0.89" can be read as "0.74
-// against at most 0.78 with this much memory" when the sessions' live
-// contexts do not fit (docs/simulator.md, "Hit-rate bound").
+// How many input tokens a router could at most have served from cache,
+// given the cluster's total KV memory and the order in which requests
+// reached the engines. A replay's hit rate says what a policy got; this says
+// what was there to get, so "0.74 against an ideal of 0.89" can be read as
+// "0.74 against at most 0.90 with this much memory, and 0.785 for one LRU
+// pool" when the sessions' live contexts do not fit (docs/simulator.md,
+// "Hit-rate bound").
 //
 // The bound is Belady's offline optimum (furthest next use, with bypass) over
 // one pool as large as every pool of the cluster together, at block
-// granularity. It is an upper bound on every policy's cached tokens for the
-// same order because it relaxes everything a real cluster imposes:
+// granularity. For the page-cache policies it is an upper bound on cached
+// tokens for the same order because it relaxes everything a real cluster
+// imposes:
 //   * one pool instead of several: no duplicate copies, no fragmentation;
 //   * any cached block counts, not only an unbroken leading prefix;
-//   * running requests pin nothing, and a block may be dropped the moment
-//     its last use is known;
+//   * running requests pin and reserve nothing, and a block may be dropped
+//     the moment its last use is known;
 //   * the partial block that ends a session's previous context is free.
 // Furthest-next-use is optimal for unit-size pages when a missed page may
 // also be left uncached; blocks that first appear as output are compulsory
-// misses for every cache, so they do not disturb that argument.
+// misses for every cache, so they do not disturb that argument. One thing
+// is stricter than some policies: a request's output blocks enter the pool
+// with its input, while KVC's admission pools take the output only at the
+// end (and D->P backups copy contexts while they run), so for those
+// policies the figure is a reference that sim/tests/hit_bound_test.cpp
+// checks on seeded workloads rather than a proof.
 //
 // Beside the bound it replays the same order through one pool of the same
 // size managed as the engines manage theirs: least recently used first,
 // deepest block first among equals, and only an unbroken leading prefix
-// counts. That reference is not a bound (a router that splits sessions well
-// across pools can beat it), but it separates what the engines' eviction
-// costs from what the split into pools costs: on 32 claude-code sessions at
-// h100-8b the optimum is 0.897, one LRU pool 0.795, ear 0.740
-// (docs/policies.md).
+// counts (but, as above, nothing pinned or reserved, and outputs inserted
+// with their input). That reference is not a bound (a router that splits
+// sessions well across pools can beat it); it shows what eviction by recency
+// alone costs: on 32 claude-code sessions at h100-8b the optimum is 0.897,
+// one LRU pool 0.785, ear 0.740 (docs/policies.md).
+//
+// Memory: about 24 bytes per block of every request in the order.
 //
 //   std::vector<uint32_t> order = ...;  // Trace::turns indices, as prefills began
 //   absl::StatusOr<kvc_router::sim::HitBound> bound =
@@ -113,8 +122,9 @@ inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
 }  // namespace hit_bound_detail
 
 // `order` lists indices into `trace.turns`, each at most once, in the order
-// the requests looked up their KV. Requests left out (refused ones) neither
-// use nor fill the cache.
+// the requests reached the engines (the simulator uses the order their
+// prefills began). Requests left out (refused ones) neither use nor fill the
+// cache.
 inline absl::StatusOr<HitBound> OfflineHitBound(const Trace& trace,
                                                 std::span<const uint32_t> order,
                                                 uint64_t capacity_tokens) {
@@ -197,13 +207,17 @@ inline absl::StatusOr<HitBound> OfflineHitBound(const Trace& trace,
     furthest.emplace(next[p], e.hash);
   }
 
+  // The optimum maximises block hits over the whole order, not per request,
+  // so the sum is clipped once: clipping each request could undercount.
   HitBound bound;
+  uint64_t blocks = 0, tails = 0;
   for (uint32_t r = 0; r < order.size(); ++r) {
     const TraceTurn& t = trace.turns[order[r]];
-    const uint64_t tail = t.reusable_tokens % trace.block_tokens;
-    bound.hit_tokens += std::min(t.input_tokens, hit_blocks[r] * trace.block_tokens + tail);
+    blocks += hit_blocks[r];
+    tails += t.reusable_tokens % trace.block_tokens;
     bound.input_tokens += t.input_tokens;
   }
+  bound.hit_tokens = std::min(bound.input_tokens, blocks * trace.block_tokens + tails);
   bound.lru_hit_tokens = hit_bound_detail::OnePoolLru(trace, order, capacity_blocks);
   return bound;
 }

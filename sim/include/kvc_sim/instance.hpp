@@ -76,7 +76,20 @@ class SimInstance {
     if (!prefix_cache_) return 0;
     uint64_t session_hit = 0;
     if (auto it = held_.find(session); it != held_.end() && it->second.segment == segment) {
-      session_hit = std::min(reusable_tokens, admission_.resident_tokens(session));
+      // Only what the held chain covers: a turn served elsewhere (a Fallback,
+      // a move and back) or an output that found no room leaves it short of
+      // the previous context, and admission has already re-booked the whole
+      // input, so the booked size says nothing about what is here.
+      const std::span<const BlockHash> held = it->second.chain;
+      if (!held.empty() && held.size() <= input_chain.size() &&
+          input_chain[held.size() - 1] == held.back()) {
+        const uint64_t held_tokens = uint64_t{held.size()} * block_tokens_;
+        const uint64_t previous_full = reusable_tokens / block_tokens_ * block_tokens_;
+        // The partial block ending the previous context lives with its last
+        // full block: all of the previous context is here, or only full blocks.
+        session_hit = held_tokens >= previous_full ? std::max(reusable_tokens, held_tokens)
+                                                   : held_tokens;
+      }
     }
     size_t run = 0;
     while (run < input_chain.size() && block_refs_.contains(input_chain[run])) ++run;

@@ -135,10 +135,7 @@ struct PolicyResult {
                          : static_cast<double>(mode_counts[static_cast<int>(mode)]) /
                                static_cast<double>(served());
   }
-  double hit_rate() const {
-    return input_tokens == 0 ? 0.0
-                             : static_cast<double>(cached_tokens) / static_cast<double>(input_tokens);
-  }
+  double hit_rate() const { return TokenShare(cached_tokens); }
   // hit_bound_tokens and one_pool_lru_tokens as shares of input_tokens,
   // comparable to hit_rate().
   double hit_bound() const { return TokenShare(hit_bound_tokens); }
