@@ -522,6 +522,76 @@ TEST_CASE("ear: an instance whose live contexts exceed K_d sheds the arriving se
   CHECK(ear2->committed_tokens(2) == 41 * 16);
 }
 
+// Instance 0 holds x (6,400 tokens), y (4,000) and w (2,400): 12,800 live
+// tokens on a 10,000-token pool. Fillers of 8,000 sit on 1 and 2, and one
+// of `third` blocks on 3.
+struct OverflowScene {
+  FakeCluster cluster{Topology::kColocated, 0, 4, 100000};
+  std::unique_ptr<AffinityPolicy> ear;
+  GrowingSession x{1}, y{2}, w{3}, f1{11}, f2{12}, f3{13};
+  uint64_t id = 0;
+
+  OverflowScene(size_t third_blocks, bool lowers_overflow) {
+    AffinityPolicyOptions options;
+    options.hot_prefill_tokens = 1000;
+    options.migration_cost.enabled = false;
+    options.memory_move_max_pending_tokens = 500;
+    options.session_idle_s = 1e6;
+    options.kv_capacity_tokens = 10000;
+    options.memory_move_lowers_overflow = lowers_overflow;
+    ear = Make(AffinityRule::kEar, 4, Topology::kColocated, 0, options);
+    REQUIRE(Turn(*ear, cluster, x, id++, 200).instance == 0);
+    // Others look busier, so y and w join x on 0 while it has room.
+    for (WorkerId d = 1; d < 4; ++d) cluster.load(d).running_requests = 1;
+    REQUIRE(Turn(*ear, cluster, y, id++, 250).instance == 0);
+    REQUIRE(Turn(*ear, cluster, w, id++, 150).instance == 0);
+    REQUIRE(Turn(*ear, cluster, x, id++, 200).instance == 0);
+    REQUIRE(ear->committed_tokens(0) == 12800);
+    for (WorkerId d = 1; d < 4; ++d) cluster.load(d).running_requests = 0;
+    cluster.load(0).running_requests = 5;
+    REQUIRE(Turn(*ear, cluster, f1, id++, 500).instance == 1);
+    REQUIRE(Turn(*ear, cluster, f2, id++, 500).instance == 2);
+    REQUIRE(Turn(*ear, cluster, f3, id++, third_blocks).instance == 3);
+    cluster.load(0).running_requests = 0;
+  }
+};
+
+TEST_CASE("ear: a memory move may go where the session does not wholly fit when that lowers "
+          "the overflow by T_hot",
+          "[policy][ear][migration]") {
+  SECTION("3 holds 4,960: moving x leaves 1,376 beyond K_d instead of 2,800") {
+    OverflowScene scene(310, /*lowers_overflow=*/true);
+    const std::optional<MigrationPlan> plan =
+        scene.ear->PlanMigration(scene.x.Next(scene.id, 1), scene.cluster);
+    REQUIRE(plan.has_value());
+    CHECK(plan->from == 0);
+    CHECK(plan->to == 3);
+    CHECK(plan->trigger == MigrationTrigger::kMemory);
+  }
+  SECTION("3 holds 6,240: the move would save only 144 tokens, less than T_hot") {
+    OverflowScene scene(390, /*lowers_overflow=*/true);
+    CHECK_FALSE(scene.ear->PlanMigration(scene.x.Next(scene.id, 1), scene.cluster).has_value());
+  }
+  SECTION("switched off, only an instance that holds all of x qualifies") {
+    OverflowScene scene(310, /*lowers_overflow=*/false);
+    CHECK_FALSE(scene.ear->PlanMigration(scene.x.Next(scene.id, 1), scene.cluster).has_value());
+  }
+}
+
+TEST_CASE("ear: a closed session is forgotten, with the memory counted for it",
+          "[policy][ear]") {
+  OverflowScene scene(310, /*lowers_overflow=*/true);
+  scene.ear->OnSessionClosed(scene.y.id);
+  CHECK(scene.ear->binding(scene.y.id) == kNoWorker);
+  CHECK(scene.ear->committed_tokens(0) == 8800);
+  // 0 now holds its live contexts: x has no reason to move.
+  CHECK_FALSE(scene.ear->PlanMigration(scene.x.Next(scene.id, 1), scene.cluster).has_value());
+  // Closing what the policy never saw, or twice, changes nothing.
+  scene.ear->OnSessionClosed(999);
+  scene.ear->OnSessionClosed(scene.y.id);
+  CHECK(scene.ear->committed_tokens(0) == 8800);
+}
+
 TEST_CASE("ear: at most one move per session per cooldown", "[policy][ear][migration]") {
   FakeCluster cluster(Topology::kColocated, 0, 4, 100000);
   auto ear = MakeEar(1 << 20, /*cooldown_s=*/60);

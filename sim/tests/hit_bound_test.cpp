@@ -89,6 +89,22 @@ TEST_CASE("hit bound: a cycle one block too large for the cache", "[sim][hit-bou
   CHECK(Served(trace, without_c, 4) == Pair{4, 3});
 }
 
+TEST_CASE("hit bound: a closed session's pages go first in the LRU reference",
+          "[sim][hit-bound]") {
+  // B0 A0 A1 C0 B1 C1 in five pages: A ends after A1, younger than B.
+  const Trace trace = TwoTurnSessions(3);
+  const std::vector<uint32_t> order = {2, 0, 1, 4, 3, 5};
+  auto served = [&](bool close) {
+    const absl::StatusOr<HitBound> bound = OfflineHitBound(trace, order, 5, close);
+    REQUIRE(bound.ok());
+    return Pair{bound->hit_tokens, bound->lru_hit_tokens};
+  };
+  // Without the close C0 evicts B's pages, the oldest, and B1 misses.
+  CHECK(served(false) == Pair{6, 4});
+  // With it C0 takes A's, which no one reads again.
+  CHECK(served(true) == Pair{6, 6});
+}
+
 TEST_CASE("hit bound: an order naming a turn twice or outside the trace is refused",
           "[sim][hit-bound]") {
   const Trace trace = TwoTurnSessions(2);

@@ -72,6 +72,62 @@ TEST_CASE("page cache: least recently used pages go first, pinned pages never",
   CHECK_FALSE(cache.Reserve(too_big, c, cache.Lookup(c), 101));
 }
 
+TEST_CASE("page cache: a closed session's own pages go first, shared ones stay",
+          "[sim][page-cache]") {
+  // a (owner 1) and then b (owner 2) keep 4 pages each; b shares a's first
+  // two (a system prompt), so those were last kept by b.
+  const std::vector<BlockHash> a = test::TestChain(4, 1);
+  std::vector<BlockHash> b(a.begin(), a.begin() + 2);
+  const std::vector<BlockHash> b_own = test::TestChain(2, 2, a[1]);
+  b.insert(b.end(), b_own.begin(), b_own.end());
+  const std::vector<BlockHash> c = test::TestChain(6, 3);
+  auto keep = [](PageCache& cache, const std::vector<BlockHash>& chain, uint64_t owner) {
+    PageCache::Lease lease;
+    REQUIRE(cache.Reserve(lease, chain, cache.Lookup(chain), 40));
+    cache.Release(lease, chain, 40, owner);
+  };
+  auto scene = [&](PageCache& cache) {
+    keep(cache, a, 1);
+    keep(cache, b, 2);
+    REQUIRE(cache.cached_tokens() == 60);  // 6 distinct pages of 10
+  };
+  SECTION("without a close LRU takes a's own pages, the oldest") {
+    PageCache cache(100, kBlock, true, {});
+    scene(cache);
+    keep(cache, c, 3);  // 6 more pages: 2 must go
+    CHECK(cache.Lookup(a).gpu_blocks == 2);
+    CHECK(cache.Lookup(b).gpu_blocks == 4);
+  }
+  SECTION("closing b, the younger, makes its own pages go instead") {
+    PageCache cache(100, kBlock, true, {});
+    scene(cache);
+    cache.Close(b, 2);
+    keep(cache, c, 3);
+    CHECK(cache.Lookup(a).gpu_blocks == 4);
+    CHECK(cache.Lookup(b).gpu_blocks == 2);  // the shared pages stay
+  }
+  SECTION("a close by another owner moves nothing") {
+    PageCache cache(100, kBlock, true, {});
+    scene(cache);
+    cache.Close(b, 7);
+    keep(cache, c, 3);
+    CHECK(cache.Lookup(a).gpu_blocks == 2);
+    CHECK(cache.Lookup(b).gpu_blocks == 4);
+  }
+  SECTION("closing a leaves the pages b kept since") {
+    PageCache cache(100, kBlock, true, {});
+    scene(cache);
+    cache.Close(a, 1);
+    const std::vector<BlockHash> d = test::TestChain(8, 4);
+    PageCache::Lease lease;
+    REQUIRE(cache.Reserve(lease, d, cache.Lookup(d), 80));  // 4 pages must go
+    cache.Release(lease, d, 80, 4);
+    // a's own two first, then b's own two (deepest first among the rest).
+    CHECK(cache.Lookup(a).gpu_blocks == 2);
+    CHECK(cache.Lookup(b).gpu_blocks == 2);
+  }
+}
+
 TEST_CASE("page cache: random workloads never exceed the capacity and stay prefix-closed",
           "[sim][page-cache][property]") {
   const uint64_t seed = GENERATE(take(20, random(uint64_t{1}, uint64_t{1} << 40)));

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -648,6 +650,68 @@ TEST_CASE("simulator: a request larger than a pool is refused, never run unbooke
     int refused = 0;
     for (const RequestRecord& r : records) refused += r.refused ? 1 : 0;
     CHECK(refused == 1);
+  }
+}
+
+// Forwards to a registered policy and records when sessions are closed.
+class CloseWatcher final : public policy::RoutingPolicy {
+ public:
+  explicit CloseWatcher(policy::RoutingPolicy& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  policy::Topology topology() const override { return inner_.topology(); }
+  bool uses_admission() const override { return inner_.uses_admission(); }
+  absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
+                                          policy::ClusterView& cluster) override {
+    if (closed_.contains(request.request.session)) ++placed_after_close_;
+    return inner_.Place(request, cluster);
+  }
+  void OnFinished(const policy::PolicyRequest& request, const policy::Placement& placement,
+                  policy::ClusterView& cluster) override {
+    inner_.OnFinished(request, placement, cluster);
+  }
+  std::optional<policy::BackupPlan> PlanBackup(const policy::PolicyRequest& request,
+                                               const policy::Placement& placement) const override {
+    return inner_.PlanBackup(request, placement);
+  }
+  void OnEvicted(WorkerId instance, SessionId session) override {
+    inner_.OnEvicted(instance, session);
+  }
+  void OnSessionClosed(SessionId session) override {
+    if (!closed_.insert(session).second) ++closed_twice_;
+    inner_.OnSessionClosed(session);
+  }
+  std::unordered_set<SessionId> closed_;
+  int placed_after_close_ = 0;
+  int closed_twice_ = 0;
+
+ private:
+  policy::RoutingPolicy& inner_;
+};
+
+TEST_CASE("simulator: a closed session is closed once, after its last request",
+          "[sim][close-sessions]") {
+  const Trace trace = SmallSynthetic(5, 10, 120, 2);
+  for (const std::string name : {"ear", "dp", "kvc", "kvc-adaptive-colo"}) {
+    for (LoopMode loop : {LoopMode::kClosed, LoopMode::kOpen}) {
+      for (bool close : {false, true}) {
+        INFO(name << (loop == LoopMode::kClosed ? " closed" : " open") << " loop, close "
+                  << close);
+        SimConfig config;
+        config.loop = loop;
+        config.concurrency = loop == LoopMode::kClosed ? 4 : 0;
+        config.admission.capacity_tokens = 60000;
+        config.close_sessions = close;
+        absl::StatusOr<MadePolicy> made = MakePolicy(name, SetupFor(config, trace));
+        REQUIRE(made.ok());
+        CloseWatcher watcher(*made->policy);
+        auto result = Simulator::Run(trace, watcher, config, made->engine);
+        REQUIRE(result.ok());
+        CHECK(watcher.closed_.size() == (close ? trace.sessions.size() : 0));
+        CHECK(watcher.placed_after_close_ == 0);
+        CHECK(watcher.closed_twice_ == 0);
+        CHECK(result->served() == trace.turns.size() - result->refused_oversize);
+      }
+    }
   }
 }
 

@@ -392,6 +392,11 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
   AddNumber(app, "--hot-prefill-tokens", af.hot_prefill_tokens,
             "ear: T_hot, pending prefill tokens that make an instance hot", Sign::kPositive)
       ->group(pol);
+  app.add_option("--close-sessions", o.sim.close_sessions,
+                 "the client closes each session after its last request; policies forget it "
+                 "and workers let its KV go first (SGLang's session-aware radix cache)")
+      ->capture_default_str()
+      ->group(pol);
   app.add_option("--migration-cost", af.migration_cost.enabled,
                  "ear: a move must save T_hot tokens of prefill after paying for the KV move "
                  "(false: the target must stay under T_hot/2)")
@@ -399,6 +404,11 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
       ->group(pol);
   app.add_option("--memory-trigger", af.memory_trigger,
                  "ear: also migrate off instances whose live session contexts exceed K_d")
+      ->capture_default_str()
+      ->group(pol);
+  app.add_option("--memory-move-lowers-overflow", af.memory_move_lowers_overflow,
+                 "ear: a memory move may go where the session does not wholly fit if it lowers "
+                 "the live context tokens beyond K_d on both instances by T_hot")
       ->capture_default_str()
       ->group(pol);
   AddNumber(app, "--migration-cooldown", af.migration_cooldown_s,

@@ -128,6 +128,13 @@ struct AffinityPolicyOptions {
   // instance exceed its KV capacity (kv_capacity_tokens): LRU would evict
   // some of them and their next turns would re-prefill everything.
   bool memory_trigger = true;
+  // ear, memory trigger: a session may also move to an instance that cannot
+  // hold all of it beside its live contexts, when the move lowers the live
+  // context tokens beyond K_d, summed over home and target, by at least
+  // T_hot. An engine's LRU re-prefills about its overflow every round of
+  // turns, so overflow moved to where there is room is re-prefill saved;
+  // when every pool overflows nothing qualifies and the binding stays.
+  bool memory_move_lowers_overflow = true;
   // ear: a session migrates at most once per this many seconds.
   double migration_cooldown_s = 60;
   // ear: a session idle this long no longer counts against its instance's
@@ -336,6 +343,19 @@ class AffinityPolicy final : public RoutingPolicy {
     Track(request.request.session, b, context, cluster.now_s());
   }
 
+  // The session ended: its binding, the memory counted for it and what the
+  // cache estimates hold of it go (the workers let its KV go first).
+  void OnSessionClosed(SessionId session) override {
+    for (WorkerId d = 0; d < options_.instances; ++d) estimate_.ForgetSession(d, session);
+    for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      prefill_estimate_.ForgetSession(p, session);
+    }
+    auto it = bindings_.find(session);
+    if (it == bindings_.end()) return;
+    Uncount(it->second);
+    bindings_.erase(it);
+  }
+
   // ear's migration step for the next turn of `request`'s session, without
   // changing anything (Place commits it). A session moves only when
   //  - it is bound and has no request running (never mid-request),
@@ -385,7 +405,10 @@ class AffinityPolicy final : public RoutingPolicy {
     InstanceLoad best_load;
     for (WorkerId d = 0; d < options_.instances; ++d) {
       if (d == b.instance) continue;
-      if (capacity > 0 && committed_[d] + need > capacity) continue;
+      if (capacity > 0 && committed_[d] + need > capacity &&
+          !(memory_hot && LowersOverflow(b, d, need))) {
+        continue;
+      }
       const InstanceLoad load = cluster.instance_load(d);
       const uint64_t after = load.pending_prefill_tokens + request.request.append_tokens;
       if (memory_hot) {
@@ -448,6 +471,20 @@ class AffinityPolicy final : public RoutingPolicy {
     double migrated_at_s = -std::numeric_limits<double>::infinity();
     uint32_t in_flight = 0;
   };
+
+  // ear: whether moving `b`'s session (`need` tokens at the target) to `d`
+  // lowers the live context tokens beyond K_d on the two instances by at
+  // least T_hot (memory_move_lowers_overflow).
+  bool LowersOverflow(const Binding& b, WorkerId d, uint64_t need) const {
+    if (!options_.memory_move_lowers_overflow) return false;
+    const uint64_t capacity = options_.kv_capacity_tokens;
+    auto beyond = [capacity](uint64_t tokens) { return tokens > capacity ? tokens - capacity : 0; };
+    const uint64_t home = committed_[b.instance];
+    const uint64_t leaving = std::min(b.counted_tokens, home);
+    const uint64_t before = beyond(home) + beyond(committed_[d]);
+    const uint64_t after = beyond(home - leaving) + beyond(committed_[d] + need);
+    return after + options_.hot_prefill_tokens <= before;
+  }
 
   WorkerId Choose(const PolicyRequest& request, ClusterView& cluster) {
     const uint32_t n = options_.instances;

@@ -236,6 +236,12 @@ class RoutingPolicy {
     (void)instance;
     (void)session;
   }
+  // The client ended `session` (its agent finished): no request of it runs
+  // and none will follow. The policy forgets what it kept for the session.
+  // The gateway, which knows the workers that served it, tells them too
+  // (SGLang's /close_session with --enable-session-radix-cache), so their
+  // caches give up that KV before any KV still in use.
+  virtual void OnSessionClosed(SessionId session) { (void)session; }
 };
 
 }  // namespace kvc_router::policy

@@ -79,13 +79,18 @@ namespace hit_bound_detail {
 
 // One pool of `capacity_blocks` pages with the engines' eviction order.
 // Returns the cached input tokens of the requests in `order`.
+// With `close_sessions`, a session's last request leaves the pages it was
+// the last to use at the front of the eviction order (PageCache::Close).
 inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
-                           uint64_t capacity_blocks) {
+                           uint64_t capacity_blocks, bool close_sessions) {
   // Eviction key: (tick of last use, -depth): oldest first, deepest first.
+  // Closed pages get tick 0 and a fresh negative second key, so they go
+  // first, in the order they were closed.
   using Key = std::pair<uint64_t, int64_t>;
   std::map<Key, BlockHash> by_age;
   absl::flat_hash_map<BlockHash, Key> pages;
   uint64_t tick = 0, hit_tokens = 0;
+  int64_t closed = std::numeric_limits<int64_t>::min();
   for (uint32_t index : order) {
     const TraceTurn& t = trace.turns[index];
     const std::span<const BlockHash> context = trace.ContextChain(t);
@@ -115,6 +120,17 @@ inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
     const uint64_t tail =
         leading >= t.prefix_blocks ? t.reusable_tokens % trace.block_tokens : 0;
     hit_tokens += std::min(t.input_tokens, leading * trace.block_tokens + tail);
+    if (close_sessions && t.turn + 1 == trace.sessions[t.session].num_turns) {
+      for (BlockHash h : context) {
+        auto it = pages.find(h);
+        // Only pages this request was the last to use (tick): a page another
+        // session used since belongs to that session now.
+        if (it == pages.end() || it->second.first != tick) continue;
+        by_age.erase(it->second);
+        it->second = Key{0, closed++};
+        by_age.emplace(it->second, h);
+      }
+    }
   }
   return hit_tokens;
 }
@@ -124,10 +140,12 @@ inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
 // `order` lists indices into `trace.turns`, each at most once, in the order
 // the requests reached the engines (the simulator uses the order their
 // prefills began). Requests left out (refused ones) neither use nor fill the
-// cache.
+// cache. `close_sessions` gives the LRU reference the clients' session close
+// (SimConfig::close_sessions); the optimum needs no such hint.
 inline absl::StatusOr<HitBound> OfflineHitBound(const Trace& trace,
                                                 std::span<const uint32_t> order,
-                                                uint64_t capacity_tokens) {
+                                                uint64_t capacity_tokens,
+                                                bool close_sessions = false) {
   if (trace.block_tokens == 0) return absl::InvalidArgumentError("hit bound: block_tokens is 0");
   std::vector<bool> seen(trace.turns.size(), false);
   for (uint32_t turn : order) {
@@ -218,7 +236,8 @@ inline absl::StatusOr<HitBound> OfflineHitBound(const Trace& trace,
     bound.input_tokens += t.input_tokens;
   }
   bound.hit_tokens = std::min(bound.input_tokens, blocks * trace.block_tokens + tails);
-  bound.lru_hit_tokens = hit_bound_detail::OnePoolLru(trace, order, capacity_blocks);
+  bound.lru_hit_tokens =
+      hit_bound_detail::OnePoolLru(trace, order, capacity_blocks, close_sessions);
   return bound;
 }
 

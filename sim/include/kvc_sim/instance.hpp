@@ -172,6 +172,22 @@ class SimInstance {
 
   void ReleaseTransient(SessionId pseudo) { (void)admission_.ReleaseSession(pseudo); }
 
+  // The client closed `session` after its last request finished: an
+  // admission pool frees it at once instead of waiting for LRU to reach it,
+  // and reports it in `evicted` as the worker's KV events would; a page
+  // cache lets the pages the session last kept go first (PageCache::Close).
+  void CloseSession(SessionId session, std::span<const BlockHash> context_chain, uint64_t owner,
+                    std::vector<SessionId>& evicted) {
+    if (!admission_pool_) {
+      pages.Close(context_chain, owner);
+      return;
+    }
+    if (admission_.IsResident(session) && admission_.ReleaseSession(session).ok()) {
+      Dropped(session);
+      evicted.push_back(session);
+    }
+  }
+
   // Fault injection (faults.hpp): the instance restarts its KV pool and
   // loses every session with nothing running; appends them to `evicted`.
   void Crash(std::vector<SessionId>& evicted) {

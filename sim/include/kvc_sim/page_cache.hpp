@@ -139,6 +139,7 @@ class PageCache {
         reserved_tokens_ -= moved;
       }
       it->second.tick = clock_;
+      if (owner != 0) it->second.owner = owner;
       if (it->second.pins++ == 0) ++pinned_pages_;
     }
     lease.pinned = chain;
@@ -154,7 +155,7 @@ class PageCache {
     if (!lease.active) return;
     reserved_tokens_ -= lease.reserved_tokens;
     ++clock_;
-    const size_t kept = enabled_ ? PinLeadingPages(keep) : 0;
+    const size_t kept = enabled_ ? PinLeadingPages(keep, owner) : 0;
     if (kept > 0 && kept == keep.size()) RememberTail(keep, keep_tokens, owner);
     for (BlockHash h : lease.pinned) Unpin(h);
     for (size_t i = 0; i < kept; ++i) Unpin(keep[i]);
@@ -169,7 +170,7 @@ class PageCache {
   size_t Insert(std::span<const BlockHash> chain, uint64_t tokens, uint64_t owner = 0) {
     if (!enabled_) return 0;
     ++clock_;
-    const size_t kept = PinLeadingPages(chain);
+    const size_t kept = PinLeadingPages(chain, owner);
     if (kept > 0 && kept == chain.size()) RememberTail(chain, tokens, owner);
     for (size_t i = 0; i < kept; ++i) Unpin(chain[i]);
     MaybeCompact();
@@ -192,6 +193,22 @@ class PageCache {
     }
   }
 
+  // The client closed the session that kept `chain` as `owner` (SGLang's
+  // /close_session with its session-aware radix cache): the pages it was the
+  // last to keep become the least recently used, deepest first, so they go
+  // before any context still in use. Pages another context kept since (a
+  // shared system prompt) and pinned pages stay as they are.
+  void Close(std::span<const BlockHash> chain, uint64_t owner) {
+    if (!enabled_ || owner == 0) return;
+    for (BlockHash h : chain) {
+      auto it = pages_.find(h);
+      if (it == pages_.end() || it->second.pins != 0 || it->second.owner != owner) continue;
+      it->second.tick = 0;
+      lru_.push_back(LruEntry{0, it->second.depth, h});
+      std::push_heap(lru_.begin(), lru_.end(), Younger);
+    }
+  }
+
   uint64_t used_tokens() const { return cached_tokens_ + reserved_tokens_; }
   uint64_t cached_tokens() const { return cached_tokens_; }
   uint64_t capacity_tokens() const { return capacity_tokens_; }
@@ -206,6 +223,7 @@ class PageCache {
     uint64_t tick = 0;
     uint32_t depth = 0;
     uint32_t pins = 0;
+    uint64_t owner = 0;  // the context that last kept it (0: none named)
   };
   struct LruEntry {
     uint64_t tick;
@@ -251,7 +269,7 @@ class PageCache {
   // Caches and pins the leading pages of `chain` as far as room allows; the
   // caller unpins them once the whole chain is in, so room for a deeper page
   // never evicts a shallower one of the same chain. Returns how many.
-  size_t PinLeadingPages(std::span<const BlockHash> chain) {
+  size_t PinLeadingPages(std::span<const BlockHash> chain, uint64_t owner) {
     size_t kept = 0;
     for (; kept < chain.size(); ++kept) {
       auto it = pages_.find(chain[kept]);
@@ -262,6 +280,7 @@ class PageCache {
         cached_tokens_ += block_tokens_;
       }
       it->second.tick = clock_;
+      if (owner != 0) it->second.owner = owner;
       if (it->second.pins++ == 0) ++pinned_pages_;
     }
     return kept;

@@ -134,6 +134,11 @@ struct SimConfig {
   std::function<void(const RequestRecord&)> on_request;
   // Injected faults (faults.hpp); none by default.
   FaultConfig faults;
+  // The client closes each session after its last request, and the gateway
+  // passes that on: the policy hears RoutingPolicy::OnSessionClosed and every
+  // worker lets the session's KV go first (SimInstance::CloseSession), as
+  // SGLang's session-aware radix cache does on /close_session.
+  bool close_sessions = false;
   // Also compute PolicyResult::hit_bound_tokens (hit_bound.hpp): the most any
   // caches as large as all of this run's pools together could have served,
   // in the order this run's prefills began, and one_pool_lru_tokens. Costs
@@ -455,7 +460,8 @@ class Simulator final : public policy::ClusterView {
       const uint64_t per_worker =
           config_.admission.capacity_tokens + config_.host_tier.capacity_tokens;
       const absl::StatusOr<HitBound> bound = OfflineHitBound(
-          trace_, prefill_order_, per_worker * (instances_.size() + prefills_.size()));
+          trace_, prefill_order_, per_worker * (instances_.size() + prefills_.size()),
+          config_.close_sessions);
       if (!bound.ok()) return bound.status();
       result_.hit_bound_tokens = bound->hit_tokens;
       result_.one_pool_lru_tokens = bound->lru_hit_tokens;
@@ -470,6 +476,25 @@ class Simulator final : public policy::ClusterView {
     ++sessions_active_;
     result_.sessions_active_max = std::max<uint64_t>(result_.sessions_active_max, sessions_active_);
     if (issue_first_turn) OnArrival(trace_.sessions[session].first_turn);
+  }
+
+  // The client ended `session` (SimConfig::close_sessions): the policy and
+  // every worker hear it; workers that never held it ignore it.
+  void CloseSession(uint32_t session) {
+    if (!config_.close_sessions) return;
+    const TraceSession& s = trace_.sessions[session];
+    const TraceTurn& last = trace_.turns[s.first_turn + s.num_turns - 1];
+    const std::span<const BlockHash> chain = trace_.ContextChain(last);
+    policy_.OnSessionClosed(session);
+    // A released session is not an eviction (not counted), but a policy that
+    // tracks residency learns it the same way.
+    std::vector<SessionId> released;
+    for (WorkerId d = 0; d < instances_.size(); ++d) {
+      instances_[d].CloseSession(session, chain, Owner(last), released);
+      for (SessionId id : released) policy_.OnEvicted(d, id);
+      released.clear();
+    }
+    for (SimPrefillWorker& p : prefills_) p.pages.Close(chain, Owner(last));
   }
 
   void EndSession() {
@@ -732,9 +757,11 @@ class Simulator final : public policy::ClusterView {
         const uint32_t next = f.turn + 1;
         queue_.Push(now_ + trace_.turns[next].delay_s, EventPayload{EventType::kArrival, next, 0});
       } else {
+        CloseSession(t.session);
         EndSession();
       }
     } else if (++open_turns_done_[t.session] == trace_.sessions[t.session].num_turns) {
+      CloseSession(t.session);
       EndSession();
     }
     free_slots_.push_back(slot);
