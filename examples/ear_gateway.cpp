@@ -9,12 +9,15 @@
 // KV connector), and reports the turn finished. Halfway through, a batch of
 // other tenants' long prompts lands on instance 0 and stays queued there for
 // a few rounds: the sessions bound to it move to idle instances with their
-// KV instead of waiting, and stay there afterwards.
+// KV instead of waiting, and stay there afterwards. At the end the agents
+// finish and the gateway closes their sessions (OnSessionClosed; a real
+// gateway also sends SGLang's /close_session to the instances that served
+// them).
 //
 // Exit status 0 when it ends as described (sessions moved off the busy
 // instance, none moved twice, later turns booked only their new tokens as
-// prefill, every ticket gave its load back); ctest runs it (label
-// "example").
+// prefill, every ticket gave its load back, nothing left counted against an
+// instance once every session closed); ctest runs it (label "example").
 //
 //   ear_gateway [--quiet]
 #include <cstdio>
@@ -134,6 +137,9 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The agents are done: the gateway closes their sessions.
+  for (const Session& s : sessions) policy.OnSessionClosed(s.id);
+
   int failures = 0;
   uint32_t moved_twice = 0;
   for (const Session& s : sessions) {
@@ -144,13 +150,14 @@ int main(int argc, char** argv) {
   for (WorkerId d = 0; d < kInstances; ++d) {
     const InstanceLoad load = cluster.instance_load(d);
     if (load.running_requests != 0 || load.pending_prefill_tokens != 0) ++failures;
+    if (policy.committed_tokens(d) != 0) ++failures;  // closed sessions hold nothing
   }
   std::printf("ear_gateway: %llu turns, %llu KV moves (%llu off the busy instance), %u sessions "
               "moved twice, %llu later turns booked other than their new tokens as prefill, loads %s\n",
               static_cast<unsigned long long>(request_id), static_cast<unsigned long long>(moves),
               static_cast<unsigned long long>(moved_off_busy), moved_twice,
               static_cast<unsigned long long>(misbooked),
-              failures == 0 ? "back to zero" : "LEFT OVER");
+              failures == 0 ? "and live contexts back to zero" : "LEFT OVER");
   if (moved_off_busy == 0 || moved_twice != 0 || misbooked != 0) ++failures;
   return failures == 0 ? 0 : 1;
 }

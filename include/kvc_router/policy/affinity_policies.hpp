@@ -32,7 +32,8 @@
 // What a policy knows of caches is its own estimate, learned from its
 // placements (the prompt when placed, the context when finished) and bounded
 // per instance by K_d with whole sessions evicted least recently used first
-// (EstimateIndex), the way a gateway without KV events would know it. Loads
+// (EstimateIndex), the way a gateway without KV events would know it. A
+// session the client closed (OnSessionClosed) is forgotten at once. Loads
 // are what ClusterView reports (a gateway scrapes them from its workers).
 //
 // Every decision is deterministic: ties go to the lowest id, and sticky's
