@@ -135,6 +135,9 @@ struct AffinityPolicyOptions {
   // T_hot. An engine's LRU re-prefills about its overflow every round of
   // turns, so overflow moved to where there is room is re-prefill saved;
   // when every pool overflows nothing qualifies and the binding stays.
+  // Engines with a host-memory tier (SGLang's HiCache) spill overflow
+  // instead of recomputing it; there the moves cost more than they save
+  // (docs/policies.md) and this is better off.
   bool memory_move_lowers_overflow = true;
   // ear: a session migrates at most once per this many seconds.
   double migration_cooldown_s = 60;
