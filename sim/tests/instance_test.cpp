@@ -40,7 +40,7 @@ TEST_CASE("sim instance: a session is credited only with the chain held for it",
   SECTION("the previous turn ran elsewhere: only the older context is here") {
     SimInstance instance = KvcInstance();
     Admit(instance, 0, 20, 20);
-    instance.HoldChain(kSession, 0, all.first(2));
+    instance.HoldChain(kSession, 0, all.first(2), 20);
     // Turn 1 (40 tokens of context) was served on another worker; turn 2
     // comes back with 50 tokens, 40 of them that context. Admission books
     // all 50 here, but only the 20 tokens of turn 0 were ever computed here.
@@ -50,11 +50,15 @@ TEST_CASE("sim instance: a session is credited only with the chain held for it",
   SECTION("the whole previous context is held, its partial last block included") {
     SimInstance instance = KvcInstance();
     Admit(instance, 0, 40, 40);
-    instance.HoldChain(kSession, 0, all.first(4));
+    instance.HoldChain(kSession, 0, all.first(4), 45);
     Admit(instance, 1, 55, 10);
     CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 45);
-    // Without the held chain covering the context only full blocks count.
-    instance.HoldChain(kSession, 0, all.first(3));
+    // The same blocks, but the last 3 tokens (an output that found no room)
+    // were never added here.
+    instance.HoldChain(kSession, 0, all.first(4), 42);
+    CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 42);
+    // A chain short of the context: only what it holds.
+    instance.HoldChain(kSession, 0, all.first(3), 30);
     CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 30);
   }
 }

@@ -104,7 +104,32 @@ TEST_CASE("page cache: a closed session's own pages go first, shared ones stay",
     cache.Close(b, 2);
     keep(cache, c, 3);
     CHECK(cache.Lookup(a).gpu_blocks == 4);
-    CHECK(cache.Lookup(b).gpu_blocks == 2);  // the shared pages stay
+    CHECK(cache.Lookup(b).gpu_blocks == 2);
+  }
+  SECTION("closing b leaves the pages a kept too") {
+    PageCache cache(100, kBlock, true, {});
+    scene(cache);
+    cache.Close(b, 2);
+    const std::vector<BlockHash> d = test::TestChain(8, 4);
+    PageCache::Lease lease;
+    REQUIRE(cache.Reserve(lease, d, cache.Lookup(d), 80));  // 4 pages must go
+    cache.Release(lease, d, 80, 4);
+    // b's own two, then a's own two (the oldest); the shared prefix stays.
+    CHECK(cache.Lookup(a).gpu_blocks == 2);
+    CHECK(cache.Lookup(b).gpu_blocks == 2);
+  }
+  SECTION("closed pages are not spilled to the host tier") {
+    HostTierConfig host;
+    host.capacity_tokens = 1000;
+    PageCache open_cache(100, kBlock, true, host);
+    scene(open_cache);
+    keep(open_cache, c, 3);
+    CHECK(open_cache.host_tokens() == 20);  // a's own two pages spilled
+    PageCache closed_cache(100, kBlock, true, host);
+    scene(closed_cache);
+    closed_cache.Close(b, 2);
+    keep(closed_cache, c, 3);
+    CHECK(closed_cache.host_tokens() == 0);  // b's own two went for good
   }
   SECTION("a close by another owner moves nothing") {
     PageCache cache(100, kBlock, true, {});

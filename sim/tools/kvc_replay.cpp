@@ -408,7 +408,7 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
       ->group(pol);
   app.add_option("--memory-move-lowers-overflow", af.memory_move_lowers_overflow,
                  "ear: a memory move may go where the session does not wholly fit if it lowers "
-                 "the live context tokens beyond K_d on both instances by T_hot")
+                 "the live-context tokens beyond K_d, summed over home and target, by T_hot")
       ->capture_default_str()
       ->group(pol);
   AddNumber(app, "--migration-cooldown", af.migration_cooldown_s,

@@ -358,6 +358,17 @@ class AffinityPolicy final : public RoutingPolicy {
     if (it == bindings_.end()) return;
     Uncount(it->second);
     bindings_.erase(it);
+    // Closed sessions leave their entries in the forgetting order; drop them
+    // once they outnumber the live bindings, so the state stays bounded.
+    if (order_.size() - head_ > 2 * bindings_.size() + 4096) {
+      std::vector<std::pair<SessionId, uint64_t>> live;
+      live.reserve(bindings_.size());
+      for (size_t i = head_; i < order_.size(); ++i) {
+        if (bindings_.contains(order_[i].first)) live.push_back(order_[i]);
+      }
+      order_ = std::move(live);
+      head_ = 0;
+    }
   }
 
   // ear's migration step for the next turn of `request`'s session, without
@@ -367,7 +378,9 @@ class AffinityPolicy final : public RoutingPolicy {
   //  - its instance is hot: pending prefill above hot_prefill_tokens, or
   //    (memory_trigger) the live contexts bound there above K_d,
   //  - some other instance can hold its input beside the live contexts
-  //    bound there and takes the turn sooner: with migration_cost enabled,
+  //    bound there (or, for a memory move with memory_move_lowers_overflow,
+  //    taking it lowers the tokens beyond K_d on home and target together by
+  //    T_hot) and takes the turn sooner: with migration_cost enabled,
   //    sooner by at least T_hot tokens of prefill after paying for the KV
   //    move; with it disabled, that instance stays under T_hot / 2 pending
   //    tokens after taking the turn. A memory move instead needs the

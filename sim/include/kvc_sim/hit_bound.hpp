@@ -3,8 +3,8 @@
 // How many input tokens a router could at most have served from cache,
 // given the cluster's total KV memory and the order in which requests
 // reached the engines. A replay's hit rate says what a policy got; this says
-// what was there to get, so "0.74 against an ideal of 0.89" can be read as
-// "0.74 against at most 0.90 with this much memory, and 0.785 for one LRU
+// what was there to get, so "0.745 against an ideal of 0.89" can be read as
+// "0.745 against at most 0.90 with this much memory, and 0.80 for one LRU
 // pool" when the sessions' live contexts do not fit (docs/simulator.md,
 // "Hit-rate bound").
 //
@@ -33,8 +33,10 @@
 // counts (but, as above, nothing pinned or reserved, and outputs inserted
 // with their input). That reference is not a bound (a router that splits
 // sessions well across pools can beat it); it shows what eviction by recency
-// alone costs: on 32 claude-code sessions at h100-8b the optimum is 0.897,
-// one LRU pool 0.785, ear 0.740 (docs/policies.md).
+// alone costs: on 32 claude-code sessions at h100-8b the optimum is 0.899,
+// one LRU pool 0.797, ear 0.745 (docs/policies.md). With `close_sessions`
+// a session's last request leaves the pages only it kept at the front of
+// the eviction order, as PageCache::Close does.
 //
 // Memory: about 24 bytes per block of every request in the order.
 //
@@ -89,6 +91,12 @@ inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
   using Key = std::pair<uint64_t, int64_t>;
   std::map<Key, BlockHash> by_age;
   absl::flat_hash_map<BlockHash, Key> pages;
+  // Who last kept each page, and whether more than one session did.
+  struct Keeper {
+    uint32_t session;
+    bool shared;
+  };
+  absl::flat_hash_map<BlockHash, Keeper> keepers;
   uint64_t tick = 0, hit_tokens = 0;
   int64_t closed = std::numeric_limits<int64_t>::min();
   for (uint32_t index : order) {
@@ -115,20 +123,24 @@ inline uint64_t OnePoolLru(const Trace& trace, std::span<const uint32_t> order,
         pages.emplace(context[b], key);
       }
       by_age.emplace(key, context[b]);
+      if (close_sessions) {
+        auto [k, fresh] = keepers.try_emplace(context[b], Keeper{t.session, false});
+        if (!fresh && k->second.session != t.session) k->second = Keeper{t.session, true};
+      }
     }
     // The partial block after the previous context is reused with it whole.
     const uint64_t tail =
         leading >= t.prefix_blocks ? t.reusable_tokens % trace.block_tokens : 0;
     hit_tokens += std::min(t.input_tokens, leading * trace.block_tokens + tail);
     if (close_sessions && t.turn + 1 == trace.sessions[t.session].num_turns) {
-      for (BlockHash h : context) {
-        auto it = pages.find(h);
-        // Only pages this request was the last to use (tick): a page another
-        // session used since belongs to that session now.
-        if (it == pages.end() || it->second.first != tick) continue;
+      // Deepest first, as PageCache::Close; pages other sessions kept too stay.
+      for (size_t b = context.size(); b-- > 0;) {
+        auto it = pages.find(context[b]);
+        auto k = keepers.find(context[b]);
+        if (it == pages.end() || k == keepers.end() || k->second.shared) continue;
         by_age.erase(it->second);
         it->second = Key{0, closed++};
-        by_age.emplace(it->second, h);
+        by_age.emplace(it->second, context[b]);
       }
     }
   }

@@ -83,12 +83,7 @@ class SimInstance {
       const std::span<const BlockHash> held = it->second.chain;
       if (!held.empty() && held.size() <= input_chain.size() &&
           input_chain[held.size() - 1] == held.back()) {
-        const uint64_t held_tokens = uint64_t{held.size()} * block_tokens_;
-        const uint64_t previous_full = reusable_tokens / block_tokens_ * block_tokens_;
-        // The partial block ending the previous context lives with its last
-        // full block: all of the previous context is here, or only full blocks.
-        session_hit = held_tokens >= previous_full ? std::max(reusable_tokens, held_tokens)
-                                                   : held_tokens;
+        session_hit = std::min(reusable_tokens, it->second.tokens);
       }
     }
     size_t run = 0;
@@ -130,8 +125,10 @@ class SimInstance {
     return *result;
   }
 
-  // The session now holds `chain` (context generation `segment`) here.
-  void HoldChain(SessionId session, uint32_t segment, std::span<const BlockHash> chain) {
+  // The session now holds `chain` (context generation `segment`), `tokens`
+  // tokens with the partial block after it, here.
+  void HoldChain(SessionId session, uint32_t segment, std::span<const BlockHash> chain,
+                 uint64_t tokens) {
     if (!prefix_cache_) return;
     Held& held = held_[session];
     const std::span<const BlockHash> old = held.chain;
@@ -145,6 +142,7 @@ class SimInstance {
     for (size_t i = keep; i < chain.size(); ++i) ++block_refs_[chain[i]];
     held.segment = segment;
     held.chain = chain;
+    held.tokens = tokens;
   }
 
   // A request of a booked session finished: its output joins the session's
@@ -164,7 +162,9 @@ class SimInstance {
       }
       if (admission_.free_tokens() >= output_tokens &&
           admission_.AddTokens(session, output_tokens).ok()) {
-        HoldChain(session, segment, context_chain);
+        auto it = held_.find(session);
+        const uint64_t input = it == held_.end() ? 0 : it->second.tokens;
+        HoldChain(session, segment, context_chain, input + output_tokens);
       }
     }
     (void)admission_.OnRequestFinished(session);
@@ -226,6 +226,7 @@ class SimInstance {
   struct Held {
     uint32_t segment = 0;
     std::span<const BlockHash> chain;
+    uint64_t tokens = 0;  // what the chain and the partial block after it hold
   };
 
   void Unref(BlockHash hash) {

@@ -139,7 +139,7 @@ class PageCache {
         reserved_tokens_ -= moved;
       }
       it->second.tick = clock_;
-      if (owner != 0) it->second.owner = owner;
+      NoteOwner(it->second, owner);
       if (it->second.pins++ == 0) ++pinned_pages_;
     }
     lease.pinned = chain;
@@ -194,15 +194,20 @@ class PageCache {
   }
 
   // The client closed the session that kept `chain` as `owner` (SGLang's
-  // /close_session with its session-aware radix cache): the pages it was the
-  // last to keep become the least recently used, deepest first, so they go
-  // before any context still in use. Pages another context kept since (a
-  // shared system prompt) and pinned pages stay as they are.
+  // /close_session with its session-aware radix cache): the pages only it
+  // kept become the least recently used, deepest first, so they go before
+  // any context still in use. Pages other contexts kept too (a shared system
+  // prompt) and pinned pages stay as they are; closed pages are not spilled
+  // to a host tier.
   void Close(std::span<const BlockHash> chain, uint64_t owner) {
     if (!enabled_ || owner == 0) return;
     for (BlockHash h : chain) {
       auto it = pages_.find(h);
-      if (it == pages_.end() || it->second.pins != 0 || it->second.owner != owner) continue;
+      if (it == pages_.end() || it->second.pins != 0 || it->second.shared ||
+          it->second.owner != owner) {
+        continue;
+      }
+      it->second.closed = true;
       it->second.tick = 0;
       lru_.push_back(LruEntry{0, it->second.depth, h});
       std::push_heap(lru_.begin(), lru_.end(), Younger);
@@ -223,7 +228,9 @@ class PageCache {
     uint64_t tick = 0;
     uint32_t depth = 0;
     uint32_t pins = 0;
-    uint64_t owner = 0;  // the context that last kept it (0: none named)
+    uint64_t owner = 0;   // the context that last kept it (0: none named)
+    bool shared = false;  // kept by more than one named context
+    bool closed = false;  // its session closed and nothing touched it since
   };
   struct LruEntry {
     uint64_t tick;
@@ -234,6 +241,14 @@ class PageCache {
   static bool Younger(const LruEntry& a, const LruEntry& b) {
     if (a.tick != b.tick) return a.tick > b.tick;
     return a.depth < b.depth;
+  }
+
+  // A context keeps `page` again: it is live, and shared once two keep it.
+  static void NoteOwner(Page& page, uint64_t owner) {
+    page.closed = false;
+    if (owner == 0) return;
+    if (page.owner != 0 && page.owner != owner) page.shared = true;
+    page.owner = owner;
   }
 
   void RememberTail(std::span<const BlockHash> chain, uint64_t tokens, uint64_t owner) {
@@ -251,6 +266,7 @@ class PageCache {
     auto it = pages_.find(h);
     if (it == pages_.end()) return;
     it->second.tick = tick;
+    it->second.closed = false;
     if (it->second.pins++ == 0) ++pinned_pages_;
   }
   // An unpinned page becomes evictable: it enters the LRU heap.
@@ -280,7 +296,7 @@ class PageCache {
         cached_tokens_ += block_tokens_;
       }
       it->second.tick = clock_;
-      if (owner != 0) it->second.owner = owner;
+      NoteOwner(it->second, owner);
       if (it->second.pins++ == 0) ++pinned_pages_;
     }
     return kept;
@@ -299,11 +315,13 @@ class PageCache {
       // Stale entries: the page is gone, was touched again, or is pinned
       // (an unpin pushes a fresh entry).
       if (it == pages_.end() || it->second.tick != e.tick || it->second.pins != 0) continue;
+      // A closed session's pages are not worth host memory.
+      const bool closed = it->second.closed;
       pages_.erase(it);
       tails_.erase(e.hash);
       cached_tokens_ -= block_tokens_;
       ++evicted_pages_;
-      SpillToHost(e.hash);
+      if (!closed) SpillToHost(e.hash);
     }
     return used_tokens() + tokens <= capacity_tokens_;
   }

@@ -83,6 +83,8 @@ struct ReplayReport {
   bool prefix_cache = true;
   // Whether each result carries its hit-rate bound (SimConfig::hit_bound).
   bool hit_bound = false;
+  // Whether clients closed their sessions (SimConfig::close_sessions).
+  bool close_sessions = false;
 
   // The policies' knobs: KVC's (alpha, tau_reject, epsilon with 0 = |D|,
   // v1/v2 reset), KV events, and the cache-aware baselines' options.
@@ -118,6 +120,7 @@ struct ReplayReport {
     concurrency = sim.concurrency;
     prefix_cache = sim.prefix_cache;
     hit_bound = sim.hit_bound;
+    close_sessions = sim.close_sessions;
     router = setup.router;
     kv_events = setup.kv_events;
     cache_aware = setup.cache_aware;
@@ -272,6 +275,7 @@ inline std::string FormatJson(const ReplayReport& r) {
   cluster["loop"] = std::string(detail::LoopName(r.loop));
   cluster["concurrency"] = r.concurrency;
   cluster["prefix_cache"] = r.prefix_cache;
+  cluster["close_sessions"] = r.close_sessions;
   // epsilon as configured (0 = |D|) and what it means on each topology.
   cluster["router"] = {
       {"sticky_bonus", r.router.sticky_bonus},
@@ -387,7 +391,8 @@ inline std::string FormatTable(const ReplayReport& r,
   absl::StrAppend(&out, "  KV link ", r.link,
                   absl::StrFormat(" (%.1f GB/s)", r.cost.transfer_bytes_per_s / 1e9), ", ",
                   host_tier, ", ", std::string(detail::LoopName(r.loop)), " loop, ", concurrency,
-                  r.prefix_cache ? "" : ", no prefix cache", "\n\n");
+                  r.prefix_cache ? "" : ", no prefix cache",
+                  r.close_sessions ? ", sessions closed" : "", "\n\n");
   absl::StrAppend(&out,
                   "policy    topo   direct   seed reseed fallbk   hit |      TTFT p50/p90/p99 (s) |"
                   "       E2E p50/p90/p99 (s) | wrk TTFT p90 med/max |   rej  migr   ampl |"

@@ -256,7 +256,7 @@ class Simulator final : public policy::ClusterView {
       // What is cached once admission made its room (it may have evicted).
       f.instance_hit = inst.CachedTokens(query.session, t.segment, t.reusable_tokens,
                                          f.request.input_hashes, t.input_tokens);
-      inst.HoldChain(query.session, t.segment, f.request.input_hashes);
+      inst.HoldChain(query.session, t.segment, f.request.input_hashes, t.input_tokens);
       f.admitted_on = instance;
       NotePeak(inst);
     }
@@ -485,6 +485,7 @@ class Simulator final : public policy::ClusterView {
     const TraceSession& s = trace_.sessions[session];
     const TraceTurn& last = trace_.turns[s.first_turn + s.num_turns - 1];
     const std::span<const BlockHash> chain = trace_.ContextChain(last);
+    closed_[session] = 1;
     policy_.OnSessionClosed(session);
     // A released session is not an eviction (not counted), but a policy that
     // tracks residency learns it the same way.
@@ -887,6 +888,8 @@ class Simulator final : public policy::ClusterView {
     const TraceTurn& t = trace_.turns[b.turn];
     prefills_[b.prefill].pages.Insert(trace_.ContextChain(t), t.input_tokens + t.output_tokens,
                                       Owner(t));
+    // A backup that lands after its session closed is closed as well.
+    if (closed_[t.session]) prefills_[b.prefill].pages.Close(trace_.ContextChain(t), Owner(t));
   }
 
   // Session migration, once `f` is booked on `d`: what the source instance
@@ -1131,6 +1134,8 @@ class Simulator final : public policy::ClusterView {
   std::vector<uint32_t> prefill_order_;
   // Defensive: a request's prefill begins once today, but the order must
   // never list a request twice.
+  // Sessions the client closed (config_.close_sessions).
+  std::vector<uint8_t> closed_ = std::vector<uint8_t>(trace_.sessions.size(), 0);
   std::vector<uint8_t> prefill_began_ =
       std::vector<uint8_t>(config_.hit_bound ? trace_.turns.size() : 0, 0);
   std::vector<double> e2e_;
