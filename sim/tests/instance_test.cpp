@@ -32,35 +32,33 @@ void Admit(SimInstance& instance, uint32_t turn, uint64_t input, uint64_t append
   REQUIRE(result.admitted);
 }
 
-TEST_CASE("sim instance: a session is credited only with the chain held for it",
-          "[sim][instance]") {
+// kSession held the first `held_blocks` blocks (`held_tokens` tokens with
+// the partial block after them) here; its next turn, `input` tokens of which
+// `reusable` are its previous context, is admitted here. Returns the tokens
+// the instance credits as cached.
+uint64_t Credited(size_t held_blocks, uint64_t held_tokens, uint64_t reusable, uint64_t input) {
   const std::vector<BlockHash> chain = test::TestChain(6, 1);
   const std::span<const BlockHash> all(chain);
+  SimInstance instance = KvcInstance();
+  Admit(instance, 0, held_tokens, held_tokens);
+  instance.HoldChain(kSession, 0, all.first(held_blocks), held_tokens);
+  // Admission books the whole input, whatever was computed here before.
+  Admit(instance, 1, input, input - reusable);
+  return instance.CachedTokens(kSession, 0, reusable, all.first(input / kBlock), input);
+}
 
-  SECTION("the previous turn ran elsewhere: only the older context is here") {
-    SimInstance instance = KvcInstance();
-    Admit(instance, 0, 20, 20);
-    instance.HoldChain(kSession, 0, all.first(2), 20);
-    // Turn 1 (40 tokens of context) was served on another worker; turn 2
-    // comes back with 50 tokens, 40 of them that context. Admission books
-    // all 50 here, but only the 20 tokens of turn 0 were ever computed here.
-    Admit(instance, 2, 50, 10);
-    CHECK(instance.CachedTokens(kSession, 0, 40, all.first(5), 50) == 20);
-  }
-  SECTION("the whole previous context is held, its partial last block included") {
-    SimInstance instance = KvcInstance();
-    Admit(instance, 0, 40, 40);
-    instance.HoldChain(kSession, 0, all.first(4), 45);
-    Admit(instance, 1, 55, 10);
-    CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 45);
-    // The same blocks, but the last 3 tokens (an output that found no room)
-    // were never added here.
-    instance.HoldChain(kSession, 0, all.first(4), 42);
-    CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 42);
-    // A chain short of the context: only what it holds.
-    instance.HoldChain(kSession, 0, all.first(3), 30);
-    CHECK(instance.CachedTokens(kSession, 0, 45, all.first(5), 55) == 30);
-  }
+TEST_CASE("sim instance: a session is credited only with the chain held for it",
+          "[sim][instance]") {
+  // The previous turn (40 tokens of context) ran on another worker: only the
+  // 20 tokens of the turn before it were ever computed here.
+  CHECK(Credited(2, 20, 40, 50) == 20);
+  // The whole previous context is here, its partial last block included.
+  CHECK(Credited(4, 45, 45, 55) == 45);
+  // The same blocks, but the last 3 tokens (an output that found no room)
+  // were never added here.
+  CHECK(Credited(4, 42, 45, 55) == 42);
+  // A chain short of the context: only what it holds.
+  CHECK(Credited(3, 30, 45, 55) == 30);
 }
 
 }  // namespace

@@ -80,77 +80,57 @@ TEST_CASE("page cache: a closed session's own pages go first, shared ones stay",
   std::vector<BlockHash> b(a.begin(), a.begin() + 2);
   const std::vector<BlockHash> b_own = test::TestChain(2, 2, a[1]);
   b.insert(b.end(), b_own.begin(), b_own.end());
-  const std::vector<BlockHash> c = test::TestChain(6, 3);
-  auto keep = [](PageCache& cache, const std::vector<BlockHash>& chain, uint64_t owner) {
-    PageCache::Lease lease;
-    REQUIRE(cache.Reserve(lease, chain, cache.Lookup(chain), 40));
-    cache.Release(lease, chain, 40, owner);
+  // After a (owner 1) and b (owner 2) were kept, `close_owner` closes
+  // `closed` (none when 0), then a third context of `pages` pages (owner 3)
+  // needs room. Returns the pages of a and b still found, and the host tier.
+  struct After {
+    uint32_t a_pages, b_pages;
+    uint64_t host_tokens;
   };
-  auto scene = [&](PageCache& cache) {
-    keep(cache, a, 1);
-    keep(cache, b, 2);
-    REQUIRE(cache.cached_tokens() == 60);  // 6 distinct pages of 10
-  };
-  SECTION("without a close LRU takes a's own pages, the oldest") {
-    PageCache cache(100, kBlock, true, {});
-    scene(cache);
-    keep(cache, c, 3);  // 6 more pages: 2 must go
-    CHECK(cache.Lookup(a).gpu_blocks == 2);
-    CHECK(cache.Lookup(b).gpu_blocks == 4);
-  }
-  SECTION("closing b, the younger, makes its own pages go instead") {
-    PageCache cache(100, kBlock, true, {});
-    scene(cache);
-    cache.Close(b, 2);
-    keep(cache, c, 3);
-    CHECK(cache.Lookup(a).gpu_blocks == 4);
-    CHECK(cache.Lookup(b).gpu_blocks == 2);
-  }
-  SECTION("closing b leaves the pages a kept too") {
-    PageCache cache(100, kBlock, true, {});
-    scene(cache);
-    cache.Close(b, 2);
-    const std::vector<BlockHash> d = test::TestChain(8, 4);
-    PageCache::Lease lease;
-    REQUIRE(cache.Reserve(lease, d, cache.Lookup(d), 80));  // 4 pages must go
-    cache.Release(lease, d, 80, 4);
-    // b's own two, then a's own two (the oldest); the shared prefix stays.
-    CHECK(cache.Lookup(a).gpu_blocks == 2);
-    CHECK(cache.Lookup(b).gpu_blocks == 2);
-  }
-  SECTION("closed pages are not spilled to the host tier") {
+  auto run = [&](const std::vector<BlockHash>& closed, uint64_t close_owner, size_t pages,
+                 uint64_t host_tokens = 0) {
     HostTierConfig host;
-    host.capacity_tokens = 1000;
-    PageCache open_cache(100, kBlock, true, host);
-    scene(open_cache);
-    keep(open_cache, c, 3);
-    CHECK(open_cache.host_tokens() == 20);  // a's own two pages spilled
-    PageCache closed_cache(100, kBlock, true, host);
-    scene(closed_cache);
-    closed_cache.Close(b, 2);
-    keep(closed_cache, c, 3);
-    CHECK(closed_cache.host_tokens() == 0);  // b's own two went for good
+    host.capacity_tokens = host_tokens;
+    PageCache cache(100, kBlock, true, host);
+    auto keep = [&cache](const std::vector<BlockHash>& chain, uint64_t owner) {
+      PageCache::Lease lease;
+      const uint64_t tokens = chain.size() * kBlock;
+      REQUIRE(cache.Reserve(lease, chain, cache.Lookup(chain), tokens));
+      cache.Release(lease, chain, tokens, owner);
+    };
+    keep(a, 1);
+    keep(b, 2);
+    REQUIRE(cache.cached_tokens() == 60);  // 6 distinct pages of 10
+    if (close_owner != 0) cache.Close(closed, close_owner);
+    keep(test::TestChain(pages, 3), 3);
+    return After{cache.Lookup(a).gpu_blocks, cache.Lookup(b).gpu_blocks, cache.host_tokens()};
+  };
+  struct Case {
+    const char* what;
+    const std::vector<BlockHash>* closed;
+    uint64_t close_owner;
+    size_t pages;
+    uint32_t a_pages, b_pages;
+  };
+  const Case cases[] = {
+      // 2 pages must go.
+      {"no close: LRU takes a's own pages, the oldest", &b, 0, 6, 2, 4},
+      {"closing b, the younger, makes its own pages go instead", &b, 2, 6, 4, 2},
+      {"a close by another owner moves nothing", &b, 7, 6, 2, 4},
+      // 4 pages must go: the closed session's own two, then the other's own
+      // two (the oldest, or the deepest); the shared prefix stays.
+      {"closing b leaves the pages a kept too", &b, 2, 8, 2, 2},
+      {"closing a leaves the pages b kept since", &a, 1, 8, 2, 2},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const After after = run(*c.closed, c.close_owner, c.pages);
+    CHECK(after.a_pages == c.a_pages);
+    CHECK(after.b_pages == c.b_pages);
   }
-  SECTION("a close by another owner moves nothing") {
-    PageCache cache(100, kBlock, true, {});
-    scene(cache);
-    cache.Close(b, 7);
-    keep(cache, c, 3);
-    CHECK(cache.Lookup(a).gpu_blocks == 2);
-    CHECK(cache.Lookup(b).gpu_blocks == 4);
-  }
-  SECTION("closing a leaves the pages b kept since") {
-    PageCache cache(100, kBlock, true, {});
-    scene(cache);
-    cache.Close(a, 1);
-    const std::vector<BlockHash> d = test::TestChain(8, 4);
-    PageCache::Lease lease;
-    REQUIRE(cache.Reserve(lease, d, cache.Lookup(d), 80));  // 4 pages must go
-    cache.Release(lease, d, 80, 4);
-    // a's own two first, then b's own two (deepest first among the rest).
-    CHECK(cache.Lookup(a).gpu_blocks == 2);
-    CHECK(cache.Lookup(b).gpu_blocks == 2);
-  }
+  // Closed pages are not spilled to a host tier.
+  CHECK(run(b, 0, 6, 1000).host_tokens == 20);  // a's own two pages spilled
+  CHECK(run(b, 2, 6, 1000).host_tokens == 0);   // b's own two went for good
 }
 
 TEST_CASE("page cache: random workloads never exceed the capacity and stay prefix-closed",
