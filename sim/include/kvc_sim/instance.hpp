@@ -175,7 +175,7 @@ class SimInstance {
   // The client closed `session` after its last request finished: an
   // admission pool frees it at once instead of waiting for LRU to reach it,
   // and reports it in `evicted` as the worker's KV events would; a page
-  // cache lets the pages the session last kept go first (PageCache::Close).
+  // cache lets the pages only that session kept go first (PageCache::Close).
   void CloseSession(SessionId session, std::span<const BlockHash> context_chain, uint64_t owner,
                     std::vector<SessionId>& evicted) {
     if (!admission_pool_) {
