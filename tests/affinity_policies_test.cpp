@@ -236,6 +236,18 @@ TEST_CASE("affinity policies: bad options and a mismatched cluster are refused",
   options.topology = Topology::kColocated;
   options.high_cache_fraction = 1.5;
   CHECK_FALSE(AffinityPolicy::Create(options).ok());
+  options.high_cache_fraction = 0.5;
+  // Values outside the enums (a cast from unchecked input) name themselves.
+  options.rule = static_cast<AffinityRule>(9);
+  auto bad_rule = AffinityPolicy::Create(options);
+  REQUIRE_FALSE(bad_rule.ok());
+  CHECK_THAT(test::Message(bad_rule.status()), Catch::Contains("rule 9 is not an AffinityRule"));
+  options.rule = AffinityRule::kEar;
+  options.topology = static_cast<Topology>(5);
+  auto bad_topology = AffinityPolicy::Create(options);
+  REQUIRE_FALSE(bad_topology.ok());
+  CHECK_THAT(test::Message(bad_topology.status()),
+             Catch::Contains("topology 5 is not a Topology"));
   auto policy = Make(AffinityRule::kLMetric, 4);
   FakeCluster smaller(Topology::kColocated, 0, 3, 100000);
   GrowingSession s{1};

@@ -87,6 +87,8 @@ TEST_CASE("load ledger: bad shapes and placements are refused and book nothing",
              Catch::Contains("colocated topology has no prefill workers"));
   CHECK_THAT(test::Message(LoadLedger::Create(Topology::kDisaggregated, 4, 0).status()),
              Catch::Contains("needs 1.."));
+  CHECK_THAT(test::Message(LoadLedger::Create(static_cast<Topology>(7), 4, 0).status()),
+             Catch::Contains("topology 7 is not a Topology"));
   auto ledger = LoadLedger::Create(Topology::kDisaggregated, 2, 1);
   REQUIRE(ledger.ok());
   LoadLedger& l = **ledger;

@@ -151,6 +151,14 @@ struct AffinityPolicyOptions {
   double idle_gap_quantile = 0.95;
 
   absl::Status Validate() const {
+    if (AffinityRuleName(rule) == "unknown") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.rule ", static_cast<int>(rule), " is not an AffinityRule"));
+    }
+    if (!IsKnownTopology(topology)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.topology ", static_cast<int>(topology), " is not a Topology"));
+    }
     if (instances == 0 || instances > kMaxWorkers) {
       return absl::InvalidArgumentError(
           absl::StrCat("AffinityPolicyOptions.instances must be in 1..", kMaxWorkers));

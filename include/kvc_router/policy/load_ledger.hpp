@@ -56,6 +56,10 @@ class LoadLedger final : public ClusterView {
   static absl::StatusOr<std::unique_ptr<LoadLedger>> Create(Topology topology, uint32_t instances,
                                                             uint32_t prefill_workers,
                                                             Clock clock = nullptr) {
+    if (!IsKnownTopology(topology)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger: topology ", static_cast<int>(topology), " is not a Topology"));
+    }
     if (instances == 0 || instances > kMaxWorkers) {
       return absl::InvalidArgumentError(
           absl::StrCat("LoadLedger: instances must be in 1..", kMaxWorkers, ", got ", instances));

@@ -60,6 +60,11 @@ inline std::string_view TopologyName(Topology topology) {
   return topology == Topology::kDisaggregated ? "disaggregated" : "colocated";
 }
 
+// False for a value outside the enum (a cast from unchecked input).
+inline bool IsKnownTopology(Topology topology) {
+  return topology == Topology::kDisaggregated || topology == Topology::kColocated;
+}
+
 // The pools of one cluster. Eight GPUs by default, as 4 prefill + 4 decode
 // workers or as 8 colocated instances (the EAR testbed's 8 x TP1).
 struct ClusterShape {
