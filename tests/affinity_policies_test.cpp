@@ -4,7 +4,8 @@
 // ~1/N of the sessions, and only to or from the changed instance), unified's
 // binding and high-cache override, the P/D variants, and ear's migration
 // step: its triggers (pending prefill, memory), target choice, cooldown,
-// never mid-request, no ping-pong under steady load.
+// never mid-request, no ping-pong under steady load; and ear's load control
+// (which first turns wait at the gateway, and its bookkeeping).
 #include "kvc_router/policy/affinity_policies.hpp"
 
 #include <catch2/catch.hpp>
@@ -722,6 +723,229 @@ TEST_CASE("ear: bad migration options are refused", "[policy][ear]") {
   options.migration_cost.transfer_per_token_s = -1;
   CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
              Catch::Contains("migration_cost"));
+}
+
+// Load control on two instances of 10,000 tokens: with the default
+// fraction 0.8, live contexts plus a new input may fill 16,000 tokens, and an
+// average live context may be at most 4,000 (two per instance's 8,000).
+struct LoadControlScene {
+  FakeCluster cluster{Topology::kColocated, 0, 2, 100000};
+  std::unique_ptr<AffinityPolicy> ear;
+  uint64_t id = 0;
+
+  explicit LoadControlScene(AffinityPolicyOptions options = {}) {
+    options.session_idle_s = options.session_idle_s > 0 ? options.session_idle_s : 1e6;
+    options.kv_capacity_tokens = 10000;
+    ear = Make(AffinityRule::kEar, 2, Topology::kColocated, 0, options);
+  }
+  // A session of two turns, 100 blocks each: 3,200 live tokens, one return.
+  void TwoTurns(GrowingSession& s) {
+    Turn(*ear, cluster, s, id++, 100);
+    Turn(*ear, cluster, s, id++, 100);
+  }
+  bool Holds(SessionId session, size_t blocks, double arrived_s) {
+    GrowingSession fresh{session};
+    return ear->HoldNewSession(fresh.Next(id, blocks), cluster, arrived_s);
+  }
+};
+
+TEST_CASE("ear load control: a new session waits while live contexts would pass the memory "
+          "fraction",
+          "[policy][ear][load-control]") {
+  LoadControlScene scene;
+  // Nothing live: even an input beyond all memory is placed.
+  CHECK_FALSE(scene.Holds(1, 5000, 0));
+  std::vector<GrowingSession> live = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
+                                      GrowingSession{4}};
+  for (GrowingSession& s : live) scene.TwoTurns(s);
+  REQUIRE(scene.ear->live_context_tokens() == 12800);
+  REQUIRE(scene.ear->live_sessions() == 4);
+  CHECK(scene.ear->return_rate() == Approx(5.0 / 6.0));
+  // 12,800 + 4,000 > 16,000; 12,800 + 3,200 is not.
+  CHECK(scene.Holds(10, 250, 0));
+  CHECK_FALSE(scene.Holds(10, 200, 0));
+  SECTION("the wait is bounded by max_hold_s") {
+    scene.cluster.now = 1000;
+    CHECK(scene.Holds(10, 250, 400.1));
+    CHECK_FALSE(scene.Holds(10, 250, 400));
+  }
+  SECTION("only a session's first turn, and only of a session not placed, is held") {
+    GrowingSession later{10};
+    Turn(*scene.ear, scene.cluster, later, scene.id++, 1);
+    CHECK_FALSE(scene.ear->HoldNewSession(later.Next(scene.id, 250), scene.cluster, 0));
+    GrowingSession bound{1};  // session 1 again, from its first turn
+    CHECK_FALSE(scene.ear->HoldNewSession(bound.Next(scene.id, 250), scene.cluster, 0));
+  }
+  SECTION("a session that closes frees its memory at once") {
+    scene.ear->OnSessionClosed(1);
+    CHECK(scene.ear->live_context_tokens() == 9600);
+    CHECK_FALSE(scene.Holds(10, 250, 0));
+  }
+  SECTION("sessions idle past the idle time stop counting") {
+    AffinityPolicyOptions options;
+    options.session_idle_s = 50;
+    LoadControlScene idle(options);
+    std::vector<GrowingSession> four = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
+                                        GrowingSession{4}};
+    for (GrowingSession& s : four) idle.TwoTurns(s);
+    CHECK(idle.Holds(10, 250, 0));
+    idle.cluster.now = 51;
+    CHECK_FALSE(idle.Holds(10, 250, 51));
+    CHECK(idle.ear->live_context_tokens() == 0);
+  }
+  SECTION("a host tier counts as reusable memory") {
+    AffinityPolicyOptions options;
+    options.reusable_capacity_tokens = 20000;
+    LoadControlScene tiered(options);
+    for (GrowingSession& s : live) s = GrowingSession{s.id};
+    for (GrowingSession& s : live) tiered.TwoTurns(s);
+    CHECK_FALSE(tiered.Holds(10, 250, 0));
+    CHECK(tiered.Holds(10, 1500, 0));  // 12,800 + 24,000 > 32,000
+  }
+  SECTION("switched off, or under another rule, nothing is held") {
+    AffinityPolicyOptions options;
+    options.hold_new_sessions = false;
+    LoadControlScene off(options);
+    for (GrowingSession& s : live) s = GrowingSession{s.id};
+    for (GrowingSession& s : live) off.TwoTurns(s);
+    CHECK_FALSE(off.Holds(10, 250, 0));
+    auto unified = Make(AffinityRule::kUnified, 2);
+    GrowingSession fresh{10};
+    CHECK_FALSE(unified->HoldNewSession(fresh.Next(0, 250), scene.cluster, 0));
+  }
+}
+
+TEST_CASE("ear load control: traffic of one-turn sessions is not held", "[policy][ear][load-control]") {
+  for (const double min_rate : {0.5, 0.0}) {
+    INFO("hold_min_return_rate " << min_rate);
+    AffinityPolicyOptions options;
+    options.hold_min_return_rate = min_rate;
+    LoadControlScene scene(options);
+    // Ten sessions of one turn that ended (closed): none came back.
+    for (SessionId gone = 100; gone < 110; ++gone) {
+      GrowingSession s{gone};
+      Turn(*scene.ear, scene.cluster, s, scene.id++, 10);
+      scene.ear->OnSessionClosed(gone);
+    }
+    std::vector<GrowingSession> live = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
+                                        GrowingSession{4}};
+    for (GrowingSession& s : live) Turn(*scene.ear, scene.cluster, s, scene.id++, 200);
+    REQUIRE(scene.ear->live_context_tokens() == 12800);
+    CHECK(scene.ear->return_rate() == Approx(1.0 / 12.0));
+    CHECK(scene.Holds(10, 250, 0) == (min_rate == 0.0));
+  }
+}
+
+TEST_CASE("ear load control: not when an instance cannot hold two average contexts",
+          "[policy][ear][load-control]") {
+  for (const double fraction : {0.8, 1.0}) {
+    INFO("hold_memory_fraction " << fraction);
+    AffinityPolicyOptions options;
+    options.hold_memory_fraction = fraction;
+    LoadControlScene scene(options);
+    // Two sessions of 4,800 tokens: more than 0.8 x 10,000 / 2 each, less
+    // than 10,000 / 2.
+    GrowingSession a{1}, b{2};
+    for (GrowingSession* s : {&a, &b}) {
+      Turn(*scene.ear, scene.cluster, *s, scene.id++, 150);
+      Turn(*scene.ear, scene.cluster, *s, scene.id++, 150);
+    }
+    REQUIRE(scene.ear->live_context_tokens() == 9600);
+    // 9,600 + 12,000 passes both limits (16,000 and 20,000).
+    CHECK(scene.Holds(10, 750, 0) == (fraction == 1.0));
+  }
+}
+
+TEST_CASE("ear load control: the live totals match the per-instance counts (property)",
+          "[policy][ear][load-control][property]") {
+  const uint64_t seed = GENERATE(take(30, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  FakeCluster cluster(Topology::kColocated, 0, 3, 100000);
+  AffinityPolicyOptions options;
+  options.instances = 3;
+  options.hot_prefill_tokens = 100;
+  options.migration_cooldown_s = 0;
+  options.session_idle_s = 20;
+  options.kv_capacity_tokens = 3000;
+  options.max_bindings = 6;
+  auto ear = Make(AffinityRule::kEar, 3, Topology::kColocated, 0, options);
+  std::map<SessionId, GrowingSession> sessions;
+  uint64_t request = 0;
+  for (int step = 0; step < 300; ++step) {
+    cluster.now += static_cast<double>(rng.Next() % 8);
+    for (WorkerId d = 0; d < 3; ++d) cluster.load(d).pending_prefill_tokens = rng.Next() % 300;
+    const SessionId id = 1 + rng.Next() % 10;
+    if (rng.Next() % 6 == 0) {
+      ear->OnSessionClosed(id);
+      sessions.erase(id);
+    } else {
+      auto [it, inserted] = sessions.try_emplace(id, GrowingSession{id});
+      const PolicyRequest r = it->second.Next(request++, 1 + rng.Next() % 20);
+      (void)ear->HoldNewSession(r, cluster, cluster.now);
+      absl::StatusOr<Placement> p = ear->Place(r, cluster);
+      REQUIRE(p.ok());
+      if (rng.Next() % 4 != 0) ear->OnFinished(r, *p, cluster);
+    }
+    uint64_t sum = 0;
+    uint32_t counted = 0;
+    for (WorkerId d = 0; d < 3; ++d) sum += ear->committed_tokens(d);
+    for (SessionId s = 1; s <= 10; ++s) counted += ear->binding(s) != kNoWorker;
+    REQUIRE(ear->live_context_tokens() == sum);
+    REQUIRE(ear->live_sessions() <= counted);
+    REQUIRE((ear->live_sessions() == 0) == (sum == 0));
+  }
+}
+
+TEST_CASE("ear load control: bad options are refused, naming the value", "[policy][ear][load-control]") {
+  AffinityPolicyOptions options;
+  options.hold_memory_fraction = 0;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("hold_memory_fraction must be in (0, 1], got 0"));
+  options.hold_memory_fraction = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("hold_memory_fraction"));
+  options = {};
+  options.hold_min_return_rate = 1.5;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("hold_min_return_rate must be in [0, 1], got 1.5"));
+  options = {};
+  options.max_hold_s = std::numeric_limits<double>::infinity();
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("max_hold_s must be finite"));
+  options = {};
+  options.kv_capacity_tokens = 1000;
+  options.reusable_capacity_tokens = 999;
+  CHECK_THAT(test::Message(AffinityPolicy::Create(options).status()),
+             Catch::Contains("reusable_capacity_tokens (999) must be 0 or at least"));
+  options.reusable_capacity_tokens = 1000;
+  CHECK(AffinityPolicy::Create(options).ok());
+}
+
+TEST_CASE("ear: at the binding bound, the session being placed is never the one forgotten",
+          "[policy][ear]") {
+  // Every older binding was placed again after its queue entry: the queue
+  // meets their stale entries first. The new session must keep its binding
+  // (ear reads it right after binding) and the least recently placed other
+  // session goes.
+  FakeCluster cluster(Topology::kColocated, 0, 2, 1 << 20);
+  AffinityPolicyOptions options;
+  options.max_bindings = 2;
+  auto ear = Make(AffinityRule::kEar, 2, Topology::kColocated, 0, options);
+  GrowingSession a{1}, b{2}, c{3};
+  uint64_t id = 0;
+  Turn(*ear, cluster, a, id++, 2);
+  Turn(*ear, cluster, b, id++, 2);
+  Turn(*ear, cluster, a, id++, 2);
+  Turn(*ear, cluster, b, id++, 2);
+  const Placement placed = Turn(*ear, cluster, c, id++, 2);
+  CHECK(ear->binding(3) == placed.instance);
+  CHECK(ear->binding(1) == kNoWorker);
+  CHECK(ear->binding(2) != kNoWorker);
+  uint64_t committed = 0;
+  for (WorkerId d = 0; d < 2; ++d) committed += ear->committed_tokens(d);
+  CHECK(committed == ear->live_context_tokens());
+  CHECK(ear->live_sessions() == 2);
 }
 
 }  // namespace

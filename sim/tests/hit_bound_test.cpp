@@ -152,7 +152,13 @@ TEST_CASE("hit bound: no policy beats the bound of its own run (property)",
       REQUIRE(result.ok());
       CHECK(result->cached_tokens <= result->hit_bound_tokens);
       CHECK(result->one_pool_lru_tokens <= result->hit_bound_tokens);
-      CHECK(result->hit_bound_tokens < unlimited->hit_tokens);
+      // Unless load control held sessions back until their contexts fit
+      // (ear), in which order even the optimum may lose nothing.
+      if (result->held_turns == 0) {
+        CHECK(result->hit_bound_tokens < unlimited->hit_tokens);
+      } else {
+        CHECK(result->hit_bound_tokens <= unlimited->hit_tokens);
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 // hit rates at the extremes (no cache, infinite cache), zero-load TTFT
 // against the cost model's formulas, client concurrency and Little's law,
 // monotonicity, pd-sglang's delta transfer, prefill/decode interference,
-// oversize requests, determinism, the seed's claims and v1's thrashing.
+// oversize requests, determinism, the seed's claims and v1's thrashing, and
+// the gateway's queue for turns a policy's load control holds.
 #include "kvc_sim/simulator.hpp"
 
 #include <catch2/catch.hpp>
@@ -687,6 +688,132 @@ class CloseWatcher final : public policy::RoutingPolicy {
  private:
   policy::RoutingPolicy& inner_;
 };
+
+// Load control as a gateway runs it: holds every first turn until
+// `release_s`, then places as `inner` does; records what reaches Place.
+class HoldUntil final : public policy::RoutingPolicy {
+ public:
+  HoldUntil(policy::RoutingPolicy& inner, double release_s) : inner_(inner), release_s_(release_s) {}
+  std::string_view name() const override { return inner_.name(); }
+  policy::Topology topology() const override { return inner_.topology(); }
+  absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
+                                          policy::ClusterView& cluster) override {
+    placed_.emplace_back(request.request.session, request.request.turn);
+    placed_at_.push_back(cluster.now_s());
+    return inner_.Place(request, cluster);
+  }
+  void OnFinished(const policy::PolicyRequest& request, const policy::Placement& placement,
+                  policy::ClusterView& cluster) override {
+    inner_.OnFinished(request, placement, cluster);
+  }
+  bool HoldNewSession(const policy::PolicyRequest& request, policy::ClusterView& cluster,
+                      double arrived_s) override {
+    asked_.push_back(request.request.turn);
+    CHECK(arrived_s <= cluster.now_s());
+    return cluster.now_s() < release_s_;
+  }
+  std::vector<std::pair<SessionId, uint32_t>> placed_;
+  std::vector<double> placed_at_;
+  std::vector<uint32_t> asked_;
+
+ private:
+  policy::RoutingPolicy& inner_;
+  double release_s_;
+};
+
+TEST_CASE("simulator: held turns wait at the gateway in arrival order, and the wait is TTFT",
+          "[sim][load-control]") {
+  // Open loop: a's first turn at 0 and its second at 1 s, b at 2 s, c at 3 s.
+  const Trace trace = ParseMultiturnText(
+      R"({"session_id":"a","input_length":2000,"output_length":20,"timestamp":0})" "\n"
+      R"({"session_id":"a","input_length":300,"output_length":20,"delay":1000})" "\n"
+      R"({"session_id":"b","input_length":2000,"output_length":20,"timestamp":2000})" "\n"
+      R"({"session_id":"c","input_length":2000,"output_length":20,"timestamp":3000})" "\n");
+  SimConfig config;
+  config.loop = LoopMode::kOpen;
+  absl::StatusOr<MadePolicy> made = MakePolicy("dp", SetupFor(config, trace));
+  REQUIRE(made.ok());
+  HoldUntil holding(*made->policy, /*release_s=*/10);
+  std::vector<RequestRecord> records;
+  config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
+  auto result = Simulator::Run(trace, holding, config, made->engine);
+  REQUIRE(result.ok());
+  // Asked about the oldest turn only, once at its arrival and then every
+  // kHoldRecheckSeconds (nothing finishes meanwhile), until 10 s.
+  REQUIRE(holding.asked_.size() >= 11);
+  CHECK(std::count(holding.asked_.begin(), holding.asked_.end(), 0u) ==
+        static_cast<long>(holding.asked_.size()) - 1);
+  // Placed at 10 s, in arrival order: a's second turn stays behind its first.
+  const std::vector<std::pair<SessionId, uint32_t>> order = {{0, 0}, {0, 1}, {1, 0}, {2, 0}};
+  CHECK(holding.placed_ == order);
+  for (double t : holding.placed_at_) CHECK(t == Approx(10.0));
+  REQUIRE(records.size() == 4);
+  for (const RequestRecord& r : records) {
+    INFO("turn " << r.turn);
+    CHECK(r.placed_s == Approx(10.0));
+    CHECK(r.first_token_s - r.issue_s >= 10.0 - r.issue_s);
+  }
+  CHECK(result->held_turns == 4);
+  CHECK(result->hold_wait_s.max == Approx(10.0));
+  CHECK(result->hold_wait_s.p50 == Approx(8.5));
+  CHECK(result->ttft_s.max >= 10.0);
+}
+
+TEST_CASE("simulator: nothing waits at the gateway unless the policy holds",
+          "[sim][load-control]") {
+  const Trace trace = SmallSynthetic(6, 12, 240, 1);
+  SimConfig config;
+  config.concurrency = 6;
+  for (const std::string name : {"dp", "kvc", "unified"}) {
+    INFO(name);
+    auto [result, records] = ReplayRecorded(trace, name, config);
+    CHECK(result.held_turns == 0);
+    CHECK(std::isnan(result.hold_wait_s.max));
+    for (const RequestRecord& r : records) CHECK(r.placed_s == r.issue_s);
+  }
+}
+
+TEST_CASE("simulator: ear's load control keeps an overloaded cluster's contexts cached",
+          "[sim][load-control]") {
+  // 16 claude-code sessions at a time on four instances of 362k tokens:
+  // ~1.6M tokens of live contexts for 1.45M of KV.
+  SyntheticConfig c = SyntheticConfig::ClaudeCode();
+  c.sessions = 60;
+  c.requests = 720;
+  auto trace = GenerateSynthetic(c);
+  REQUIRE(trace.ok());
+  SimConfig config;
+  config.concurrency = 16;
+  config.cluster.prefill_workers = 2;
+  config.cluster.decode_workers = 2;
+  PolicySetup setup = SetupFor(config, *trace);
+  std::vector<RequestRecord> records;
+  config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
+  const PolicyResult held = Replay(*trace, "ear", config, setup);
+  setup.affinity.hold_new_sessions = false;
+  const PolicyResult open = Replay(*trace, "ear", config, setup);
+  INFO("held: hit " << held.hit_rate() << " p50 " << held.ttft_s.p50 << " p90 " << held.ttft_s.p90
+                    << ", " << held.held_turns << " turns held; not held: hit "
+                    << open.hit_rate() << " p50 " << open.ttft_s.p50 << " p90 "
+                    << open.ttft_s.p90);
+  CHECK(open.held_turns == 0);
+  CHECK(held.held_turns > 0);
+  CHECK(held.hit_rate() > open.hit_rate() + 0.05);
+  CHECK(held.ttft_s.p50 < open.ttft_s.p50);
+  CHECK(held.ttft_s.p90 < open.ttft_s.p90);
+  // Only first turns are held, never past max_hold_s, and the records agree.
+  uint64_t waited = 0;
+  for (size_t i = 0; i < records.size() / 2; ++i) {
+    const RequestRecord& r = records[i];
+    if (r.placed_s > r.issue_s) {
+      ++waited;
+      CHECK(trace->turns[r.turn].turn == 0);
+      CHECK(r.placed_s - r.issue_s <= setup.affinity.max_hold_s + policy::kHoldRecheckSeconds);
+    }
+  }
+  CHECK(waited == held.held_turns);
+  CHECK(held.hold_wait_s.max <= setup.affinity.max_hold_s + policy::kHoldRecheckSeconds);
+}
 
 TEST_CASE("simulator: a closed session is closed once, after its last request",
           "[sim][close-sessions]") {

@@ -414,6 +414,23 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
   AddNumber(app, "--migration-cooldown", af.migration_cooldown_s,
             "ear: seconds before a session may move again")
       ->group(pol);
+  app.add_option("--hold-new-sessions", af.hold_new_sessions,
+                 "ear: load control, a new session's first turn waits at the gateway while "
+                 "live session contexts would exceed --hold-memory-fraction of the cluster's KV")
+      ->capture_default_str()
+      ->group(pol);
+  AddNumber(app, "--hold-memory-fraction", af.hold_memory_fraction,
+            "ear: share of the cluster's reusable KV (pools and host tiers) that live session "
+            "contexts may fill before new sessions wait, in (0, 1]",
+            Sign::kPositive)
+      ->group(pol);
+  AddNumber(app, "--hold-min-return-rate", af.hold_min_return_rate,
+            "ear: hold only while at least this share of ended turns were followed by a later "
+            "turn of their session")
+      ->group(pol);
+  AddNumber(app, "--max-hold", af.max_hold_s,
+            "ear: seconds a first turn may wait at the gateway before it is placed anyway")
+      ->group(pol);
   AddNumber(app, "--session-idle", af.session_idle_s,
             "ear: seconds after which an idle session stops counting against its instance's memory",
             Sign::kPositive)
@@ -581,6 +598,7 @@ absl::Status FinishOptions(const CLI::App& app, Options& o) {
   o.setup.cluster = o.sim.cluster;
   o.setup.admission = o.sim.admission;
   o.setup.cost = o.sim.cost;
+  o.setup.host_tier_tokens = o.sim.host_tier.capacity_tokens;
   if (absl::Status s = o.sim.Validate(); !s.ok()) return s;
   if (absl::Status s = o.setup.cache_aware.Validate(); !s.ok()) return s;
   if (absl::Status s = o.setup.affinity.Validate(); !s.ok()) return s;
@@ -750,7 +768,7 @@ int Run(int argc, char** argv) {
   if (!o.requests_csv_path.empty()) {
     request_rows =
         "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
-        "input_tokens,reusable_tokens,output_tokens,cached_tokens\n";
+        "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s\n";
   }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
@@ -781,11 +799,11 @@ int Run(int argc, char** argv) {
         const std::string ttft =
             r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d\n", name, r.session,
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f\n", name, r.session,
             turn.turn, r.issue_s, first_token, ttft, r.finish_s,
             r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
-            turn.reusable_tokens, turn.output_tokens, r.cached_tokens);
+            turn.reusable_tokens, turn.output_tokens, r.cached_tokens, r.placed_s);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =

@@ -21,6 +21,10 @@
 //              with the least prefill work for it (pending prefill + its
 //              uncached input) among those with room for its context
 //              (give it kv_capacity_tokens, the workers' K_d, for that).
+//              Its load control (HoldNewSession) keeps a new session's
+//              first turn waiting at the gateway while the live sessions'
+//              contexts fill the cluster's KV, so admitted sessions keep
+//              their caches instead of evicting one another's.
 //
 // Each runs on either topology. On the colocated one it picks the instance;
 // on the disaggregated one it picks the decode worker the same way and the
@@ -150,6 +154,35 @@ struct AffinityPolicyOptions {
   double session_idle_s = 0;
   double idle_gap_quantile = 0.95;
 
+  // ear, load control (HoldNewSession; Denning's working-set rule, with
+  // sessions for processes): a new session's first turn waits at the
+  // gateway while the contexts of the live sessions plus its input exceed
+  // hold_memory_fraction of the cluster's reusable KV (instances x
+  // reusable_capacity_tokens). Admitting it would make the engines' LRU
+  // evict contexts whose next turns come within seconds, and every lost
+  // context is prefilled again while other prompts queue behind it; held,
+  // the new session waits once, for memory that sessions ending free. The
+  // remaining fraction is room for the admitted contexts to grow. It holds
+  // only while
+  //  - at least hold_min_return_rate of the sessions' turns that ended were
+  //    followed by a later turn (an estimate, prior 1/2): for traffic of
+  //    mostly one-turn sessions, kept contexts save little and the wait
+  //    would fall on most requests;
+  //  - an instance's share of that memory fits two average live contexts:
+  //    with fewer, no admitted set fits either, and holding would leave
+  //    instances idle while their sessions think;
+  //  - the turn has waited less than max_hold_s (600 s is the default
+  //    request timeout of OpenAI's Python client, so a held turn is placed
+  //    before a client with default settings gives up).
+  bool hold_new_sessions = true;
+  double hold_memory_fraction = 0.8;
+  double hold_min_return_rate = 0.5;
+  double max_hold_s = 600;
+  // KV tokens per instance that keep a context reusable without recompute:
+  // the GPU pool plus any host-memory tier (SGLang's HiCache, LMCache).
+  // 0 = kv_capacity_tokens.
+  uint64_t reusable_capacity_tokens = 0;
+
   absl::Status Validate() const {
     if (AffinityRuleName(rule) == "unknown") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -201,6 +234,26 @@ struct AffinityPolicyOptions {
     if (!(idle_gap_quantile > 0 && idle_gap_quantile < 1)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "AffinityPolicyOptions.idle_gap_quantile must be in (0, 1), got ", idle_gap_quantile));
+    }
+    if (!(hold_memory_fraction > 0 && hold_memory_fraction <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.hold_memory_fraction must be in (0, 1], got ",
+          hold_memory_fraction));
+    }
+    if (!(hold_min_return_rate >= 0 && hold_min_return_rate <= 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.hold_min_return_rate must be in [0, 1], got ",
+          hold_min_return_rate));
+    }
+    if (!(max_hold_s >= 0) || !std::isfinite(max_hold_s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.max_hold_s must be finite and >= 0, got ", max_hold_s));
+    }
+    if (reusable_capacity_tokens != 0 && reusable_capacity_tokens < kv_capacity_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions.reusable_capacity_tokens (", reusable_capacity_tokens,
+          ") must be 0 or at least kv_capacity_tokens (", kv_capacity_tokens,
+          "): it counts the GPU pool too"));
     }
     return absl::OkStatus();
   }
@@ -291,6 +344,7 @@ class AffinityPolicy final : public RoutingPolicy {
     if (options_.rule == AffinityRule::kEar) {
       if (auto it = bindings_.find(session); it != bindings_.end() && it->second.in_flight == 0) {
         gaps_.Add(now - it->second.last_active_s);
+        ++returns_;
       }
     }
     ExpireIdle(now);
@@ -364,6 +418,7 @@ class AffinityPolicy final : public RoutingPolicy {
     }
     auto it = bindings_.find(session);
     if (it == bindings_.end()) return;
+    if (it->second.counted_tokens > 0) ++departures_;
     Uncount(it->second);
     bindings_.erase(it);
     // Closed sessions leave their entries in the forgetting order; drop them
@@ -377,6 +432,32 @@ class AffinityPolicy final : public RoutingPolicy {
       order_ = std::move(live);
       head_ = 0;
     }
+  }
+
+  // ear's load control (see AffinityPolicyOptions::hold_new_sessions): true
+  // while `request`, the first turn of a session the policy has not placed,
+  // should wait at the gateway. Forgets sessions idle past IdleSeconds()
+  // first, as Place would.
+  bool HoldNewSession(const PolicyRequest& request, ClusterView& cluster,
+                      double arrived_s) override {
+    if (options_.rule != AffinityRule::kEar || !options_.hold_new_sessions ||
+        options_.kv_capacity_tokens == 0 || request.request.turn != 0 ||
+        bindings_.contains(request.request.session)) {
+      return false;
+    }
+    const double now = cluster.now_s();
+    if (now - arrived_s >= options_.max_hold_s) return false;
+    ExpireIdle(now);
+    if (live_sessions_ == 0 || return_rate() < options_.hold_min_return_rate) return false;
+    const double reusable =
+        options_.hold_memory_fraction *
+        static_cast<double>(options_.reusable_capacity_tokens != 0
+                                ? options_.reusable_capacity_tokens
+                                : options_.kv_capacity_tokens);
+    const double live = static_cast<double>(live_tokens_);
+    if (2 * live > reusable * static_cast<double>(live_sessions_)) return false;
+    return live + static_cast<double>(request.input_tokens) >
+           reusable * static_cast<double>(options_.instances);
   }
 
   // ear's migration step for the next turn of `request`'s session, without
@@ -464,6 +545,16 @@ class AffinityPolicy final : public RoutingPolicy {
   // ear: tokens of live session contexts bound to `instance`.
   uint64_t committed_tokens(WorkerId instance) const {
     return instance < committed_.size() ? committed_[instance] : 0;
+  }
+  // ear: tokens of live session contexts on all instances, and the
+  // sessions they belong to (load control's view of memory).
+  uint64_t live_context_tokens() const { return live_tokens_; }
+  uint64_t live_sessions() const { return live_sessions_; }
+  // ear: the estimated share of ended turns whose session came back,
+  // (returns + 1) / (returns + departures + 2).
+  double return_rate() const {
+    return (static_cast<double>(returns_) + 1) /
+           (static_cast<double>(returns_ + departures_) + 2);
   }
   // ear: migrations planned and committed so far.
   uint64_t migrations() const { return migrations_; }
@@ -684,14 +775,23 @@ class AffinityPolicy final : public RoutingPolicy {
   void Track(SessionId session, Binding& b, uint64_t context, double now) {
     Uncount(b);
     b.context_tokens = context;
-    b.counted_tokens = context;
-    committed_[b.instance] += context;
+    Count(b, context);
     b.last_active_s = now;
     idle_queue_.emplace_back(now, session);
   }
 
+  // `b` counts `tokens` against its instance (it counted nothing before).
+  void Count(Binding& b, uint64_t tokens) {
+    b.counted_tokens = tokens;
+    committed_[b.instance] += tokens;
+    live_tokens_ += tokens;
+    if (tokens > 0) ++live_sessions_;
+  }
+
   void Uncount(Binding& b) {
     if (b.instance < committed_.size()) committed_[b.instance] -= b.counted_tokens;
+    live_tokens_ -= b.counted_tokens;
+    if (b.counted_tokens > 0) --live_sessions_;
     b.counted_tokens = 0;
   }
 
@@ -710,7 +810,10 @@ class AffinityPolicy final : public RoutingPolicy {
       auto it = bindings_.find(session);
       if (it == bindings_.end()) continue;
       Binding& b = it->second;
-      if (b.last_active_s == at && b.in_flight == 0) Uncount(b);
+      if (b.last_active_s == at && b.in_flight == 0) {
+        if (b.counted_tokens > 0) ++departures_;
+        Uncount(b);
+      }
     }
   }
 
@@ -726,26 +829,30 @@ class AffinityPolicy final : public RoutingPolicy {
         const uint64_t counted = it->second.counted_tokens;
         Uncount(it->second);
         it->second.instance = instance;
-        it->second.counted_tokens = counted;
-        committed_[instance] += counted;
+        Count(it->second, counted);
       }
       it->second.stamp = ++clock_;
       return;
     }
     it->second.instance = instance;
     it->second.stamp = ++clock_;
-    order_.push_back({session, it->second.stamp});
-    // Forget the oldest bindings beyond the bound (lazy queue of stamps).
+    // Forget the oldest other bindings beyond the bound (lazy queue of
+    // stamps: an entry whose session was placed again since goes back in
+    // line with its new stamp). The new binding joins the queue after them,
+    // so it is never the one forgotten.
     while (bindings_.size() > options_.max_bindings && head_ < order_.size()) {
       const auto [old, stamp] = order_[head_++];
+      if (old == session) continue;  // an entry from an earlier binding of it
       auto jt = bindings_.find(old);
       if (jt != bindings_.end() && jt->second.stamp == stamp) {
+        if (jt->second.counted_tokens > 0) ++departures_;
         Uncount(jt->second);
         bindings_.erase(jt);
       } else if (jt != bindings_.end()) {
         order_.push_back({old, jt->second.stamp});
       }
     }
+    order_.push_back({session, it->second.stamp});
     if (head_ > 4096 && head_ * 2 > order_.size()) {
       order_.erase(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(head_));
       head_ = 0;
@@ -765,6 +872,12 @@ class AffinityPolicy final : public RoutingPolicy {
   uint64_t clock_ = 0;
   // ear: live context tokens bound to each instance; activity in time order.
   std::vector<uint64_t> committed_;
+  // ear: their sum, the sessions counted in it, and the turns whose session
+  // came back (returns_) or did not (idle past IdleSeconds() or closed).
+  uint64_t live_tokens_ = 0;
+  uint64_t live_sessions_ = 0;
+  uint64_t returns_ = 0;
+  uint64_t departures_ = 0;
   std::deque<std::pair<double, SessionId>> idle_queue_;
   GapHistogram gaps_;
   uint64_t migrations_ = 0;

@@ -24,6 +24,9 @@
 // session's KV from. `OnFinished` is called exactly once per placed request;
 // `OnEvicted` reports sessions an instance dropped from its KV pool, after
 // the call that caused the eviction returned (never re-entrantly).
+// `HoldNewSession` is load control: before placing a session's first turn
+// the gateway may be told to keep it queued while the cluster's memory is
+// committed to the sessions already running.
 //
 // The interface is runtime-polymorphic so a command line can pick policies by
 // name (kvc-replay's registry, sim/include/kvc_sim/policies/registry.hpp); the
@@ -213,6 +216,10 @@ struct BackupPlan {
   uint64_t context_tokens = 0;
 };
 
+// How often a gateway asks again about a held first turn when nothing
+// finishes or closes meanwhile (RoutingPolicy::HoldNewSession).
+inline constexpr double kHoldRecheckSeconds = 1.0;
+
 class RoutingPolicy {
  public:
   virtual ~RoutingPolicy() = default;
@@ -247,6 +254,22 @@ class RoutingPolicy {
   // (SGLang's /close_session with --enable-session-radix-cache), so their
   // caches give up that KV before any KV still in use.
   virtual void OnSessionClosed(SessionId session) { (void)session; }
+  // Load control, asked before a session's first turn is placed: true keeps
+  // the turn waiting at the gateway. The gateway keeps held turns in arrival
+  // order and asks again about the oldest whenever a request finishes or a
+  // session closes, and at least every kHoldRecheckSeconds (memory also
+  // frees as sessions fall idle); it places the turn once the answer is
+  // false, and no later turn passes it. `arrived_s` is when the turn
+  // reached the gateway, on cluster.now_s()'s clock. A policy must answer
+  // false eventually (ear does after max_hold_s), so every turn is placed.
+  // Later turns of a placed session are never held.
+  virtual bool HoldNewSession(const PolicyRequest& request, ClusterView& cluster,
+                              double arrived_s) {
+    (void)request;
+    (void)cluster;
+    (void)arrived_s;
+    return false;
+  }
 };
 
 }  // namespace kvc_router::policy

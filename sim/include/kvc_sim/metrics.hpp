@@ -107,6 +107,12 @@ struct PolicyResult {
   // input and output exceed a worker's whole pool (refused, never run).
   uint64_t memory_waits = 0;
   uint64_t refused_oversize = 0;
+  // Turns that waited at the gateway because the policy's load control held
+  // them or a turn ahead of them (RoutingPolicy::HoldNewSession), and how
+  // long each waited there before it was placed (counted in its TTFT; NaN
+  // when none waited).
+  uint64_t held_turns = 0;
+  Summary hold_wait_s;
   // Largest KV use seen on any instance, and the budget floor(rho*K_d).
   uint64_t peak_used_tokens = 0;
   uint64_t budget_tokens = 0;

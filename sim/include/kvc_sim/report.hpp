@@ -200,6 +200,8 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
                  {"events_duplicated", p.faults.events_duplicated},
                  {"events_reordered", p.faults.events_reordered}};
   j["memory_waits"] = p.memory_waits;
+  j["held_turns"] = p.held_turns;
+  j["hold_wait_s"] = JsonSummary(p.hold_wait_s);
   j["refused_oversize"] = p.refused_oversize;
   j["tokens"] = {{"input", p.input_tokens},
                  {"output", p.output_tokens},
@@ -333,7 +335,8 @@ inline std::string FormatCsv(const ReplayReport& r) {
       "ttft_p99_s,e2e_p50_s,e2e_p90_s,e2e_p99_s,worker_ttft_p90_median_s,worker_ttft_p90_max_s,"
       "rej_real_large_append,rej_no_d_capacity,rej_session_not_resident_no_capacity,"
       "rej_worker_unavailable,migrations,evictions,memory_waits,amplification,makespan_s,"
-      "in_flight_mean,sessions_active_mean,refused_oversize,hit_bound,one_pool_lru_hit_rate\n";
+      "in_flight_mean,sessions_active_mean,refused_oversize,hit_bound,one_pool_lru_hit_rate,"
+      "held_turns,hold_wait_p90_s\n";
   for (const PolicyResult& p : r.results) {
     absl::StrAppend(&out, p.name, ",", std::string(policy::TopologyName(p.topology)), ",",
                     p.requests);
@@ -351,7 +354,9 @@ inline std::string FormatCsv(const ReplayReport& r) {
                     CsvNumber(p.in_flight_mean, 3), ",", CsvNumber(p.sessions_active_mean, 3), ",",
                     p.refused_oversize, ",",
                     r.hit_bound ? CsvNumber(p.hit_bound()) : std::string(), ",",
-                    r.hit_bound ? CsvNumber(p.one_pool_lru_hit_rate()) : std::string(), "\n");
+                    r.hit_bound ? CsvNumber(p.one_pool_lru_hit_rate()) : std::string(), ",",
+                    p.held_turns, ",", p.held_turns > 0 ? CsvNumber(p.hold_wait_s.p90) : std::string(),
+                    "\n");
   }
   return out;
 }
@@ -430,6 +435,21 @@ inline std::string FormatTable(const ReplayReport& r,
     for (const PolicyResult& p : r.results) {
       absl::StrAppend(&out, absl::StrFormat("%-18s %5.3f  %12.3f  %7.3f\n", p.name, p.hit_rate(),
                                             p.one_pool_lru_hit_rate(), p.hit_bound()));
+    }
+  }
+  bool any_held = false;
+  for (const PolicyResult& p : r.results) any_held = any_held || p.held_turns > 0;
+  if (any_held) {
+    // Load control's queue at the gateway: its waits are part of the TTFTs above.
+    out += "\nfirst turns held at the gateway (load control), wait (s):\n";
+    out += "policy             held  share     p50     p90     max\n";
+    for (const PolicyResult& p : r.results) {
+      if (p.held_turns == 0) continue;
+      absl::StrAppend(&out, absl::StrFormat("%-15s %7d %5.1f%% ", p.name, p.held_turns,
+                                            100.0 * static_cast<double>(p.held_turns) /
+                                                static_cast<double>(std::max<uint64_t>(p.requests, 1))),
+                      Seconds(p.hold_wait_s.p50), " ", Seconds(p.hold_wait_s.p90), " ",
+                      Seconds(p.hold_wait_s.max), "\n");
     }
   }
   for (const PolicyResult& p : r.results) {

@@ -46,6 +46,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -104,6 +105,9 @@ struct RequestRecord {
   uint32_t turn = 0;     // index into Trace::turns
   uint32_t session = 0;  // index into Trace::sessions
   double issue_s = 0;
+  // When the gateway placed it: after issue_s only if the policy held it
+  // (RoutingPolicy::HoldNewSession).
+  double placed_s = 0;
   double first_token_s = 0;  // NaN when refused
   double finish_s = 0;       // when it finished or was refused
   WorkerId instance = kNoWorker;
@@ -276,6 +280,7 @@ class Simulator final : public policy::ClusterView {
     kFinish,        // index: flight slot; a request with no decode steps
     kBackupDone,    // index: backup job
     kCrash,         // injected fault; index unused
+    kHoldCheck,     // the oldest held turn is asked about again; index unused
   };
   struct EventPayload {
     EventType type = EventType::kArrival;
@@ -289,6 +294,7 @@ class Simulator final : public policy::ClusterView {
     policy::PolicyRequest request;
     policy::Placement placement;
     double issue_s = 0;
+    double placed_s = 0;
     double ready_s = 0;
     // Tokens the serving instance held for this request when it was booked.
     uint64_t instance_hit = 0;
@@ -433,6 +439,10 @@ class Simulator final : public policy::ClusterView {
         case EventType::kCrash:
           OnCrash();
           break;
+        case EventType::kHoldCheck:
+          hold_check_pending_ = false;
+          PlaceQueued();
+          break;
       }
       if (!failure_.ok()) return failure_;
       RescheduleGpus();
@@ -507,20 +517,72 @@ class Simulator final : public policy::ClusterView {
     }
   }
 
+  // A turn reaches the gateway. First turns, and any turn of a session with
+  // a turn still held, join the gateway's queue, which the policy's load
+  // control (RoutingPolicy::HoldNewSession) may hold; the queue is empty
+  // unless it does, and then nothing passes it.
   void OnArrival(uint32_t turn_index) {
     const TraceTurn& t = trace_.turns[turn_index];
     AccumulateAreas(now_);
     ++in_flight_;
+    if (t.turn == 0 || queued_of_session_[t.session] > 0) {
+      gateway_queue_.push_back(QueuedTurn{turn_index, now_});
+      ++queued_of_session_[t.session];
+      PlaceQueued();
+      return;
+    }
+    Place(turn_index, now_);
+  }
+
+  // Places queued turns, oldest first, until the policy holds one.
+  void PlaceQueued() {
+    if (placing_queued_) return;  // Place -> EndRequest -> here: the outer loop goes on
+    placing_queued_ = true;
+    while (!gateway_queue_.empty() && failure_.ok()) {
+      const QueuedTurn& q = gateway_queue_.front();
+      const TraceTurn& t = trace_.turns[q.turn];
+      policy::PolicyRequest probe = MakePolicyRequest(q.turn);
+      if (policy_.HoldNewSession(probe, *this, q.arrived_s)) {
+        if (!hold_check_pending_) {
+          hold_check_pending_ = true;
+          queue_.Push(now_ + policy::kHoldRecheckSeconds,
+                      EventPayload{EventType::kHoldCheck, 0, 0});
+        }
+        break;
+      }
+      const QueuedTurn placed = q;
+      gateway_queue_.pop_front();
+      --queued_of_session_[t.session];
+      if (now_ > placed.arrived_s) {
+        ++result_.held_turns;
+        hold_waits_.push_back(now_ - placed.arrived_s);
+      }
+      Place(placed.turn, placed.arrived_s);
+    }
+    placing_queued_ = false;
+  }
+
+  policy::PolicyRequest MakePolicyRequest(uint32_t turn_index) const {
+    const TraceTurn& t = trace_.turns[turn_index];
+    policy::PolicyRequest request;
+    request.id = turn_index;
+    request.request = trace_.MakeRequest(t);
+    request.input_tokens = t.input_tokens;
+    request.input_hashes = trace_.InputChain(t);
+    request.context_hashes = trace_.ContextChain(t);
+    return request;
+  }
+
+  // Hands a turn that arrived at `issue_s` to the policy now.
+  void Place(uint32_t turn_index, double issue_s) {
+    const TraceTurn& t = trace_.turns[turn_index];
     const uint32_t slot = AllocFlight();
     Flight& f = flights_[slot];
     f = Flight{};
     f.turn = turn_index;
-    f.issue_s = now_;
-    f.request.id = turn_index;
-    f.request.request = trace_.MakeRequest(t);
-    f.request.input_tokens = t.input_tokens;
-    f.request.input_hashes = trace_.InputChain(t);
-    f.request.context_hashes = trace_.ContextChain(t);
+    f.issue_s = issue_s;
+    f.placed_s = now_;
+    f.request = MakePolicyRequest(turn_index);
 
     placing_ = slot;
     absl::StatusOr<policy::Placement> placement = policy_.Place(f.request, *this);
@@ -737,6 +799,7 @@ class Simulator final : public policy::ClusterView {
       record.turn = f.turn;
       record.session = t.session;
       record.issue_s = f.issue_s;
+      record.placed_s = f.placed_s;
       record.first_token_s = f.issue_s + ttft_[f.turn];
       record.finish_s = now_;
       record.instance = f.placement.instance;
@@ -766,6 +829,7 @@ class Simulator final : public policy::ClusterView {
       EndSession();
     }
     free_slots_.push_back(slot);
+    PlaceQueued();
     if (config_.progress && config_.progress_every != 0 &&
         (finished_count_ + result_.refused_oversize) % config_.progress_every == 0) {
       config_.progress(finished_count_ + result_.refused_oversize, trace_.turns.size(), now_);
@@ -1079,6 +1143,7 @@ class Simulator final : public policy::ClusterView {
       by_instance[served_by_[i]].push_back(ttft_[i]);
     }
     result_.ttft_s = Summary::Of(ttft);
+    result_.hold_wait_s = Summary::Of(hold_waits_);
     result_.e2e_s = Summary::Of(e2e);
     result_.ttft_sorted_s = std::move(ttft);
     for (int m = 0; m < kNumDecisionModes; ++m) result_.ttft_by_mode_s[m] = Summary::Of(by_mode[m]);
@@ -1122,6 +1187,16 @@ class Simulator final : public policy::ClusterView {
   size_t next_session_ = 0;
   std::vector<uint32_t> open_turns_done_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
   uint64_t in_flight_ = 0;
+  // The gateway's queue of turns not placed yet (OnArrival).
+  struct QueuedTurn {
+    uint32_t turn = 0;
+    double arrived_s = 0;
+  };
+  std::deque<QueuedTurn> gateway_queue_;
+  std::vector<uint32_t> queued_of_session_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
+  bool placing_queued_ = false;
+  bool hold_check_pending_ = false;
+  std::vector<double> hold_waits_;
   uint64_t sessions_active_ = 0;
   double last_change_s_ = 0;
   double in_flight_area_ = 0;

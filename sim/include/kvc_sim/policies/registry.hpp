@@ -54,6 +54,9 @@ struct PolicySetup {
   // cooldown, idle time); rule, topology, pools, block size and K_d are set
   // per policy.
   policy::AffinityPolicyOptions affinity;
+  // Each worker's host-memory tier, tokens (0: none): with the K_d pool, what
+  // keeps a context reusable (ear's load control counts both).
+  uint64_t host_tier_tokens = 0;
 };
 
 struct MadePolicy {
@@ -202,6 +205,7 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
     options.prefill_workers = shape.prefill_pool(options.topology);
     options.block_tokens = block_tokens;
     options.kv_capacity_tokens = setup.admission.capacity_tokens;
+    options.reusable_capacity_tokens = setup.admission.capacity_tokens + setup.host_tier_tokens;
     // ear prices a move with the cluster's own figures: its prefill speed
     // and the KV link between instances (or decode workers).
     options.migration_cost.prefill_per_token_s = setup.cost.prefill_per_token_s;
