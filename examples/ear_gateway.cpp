@@ -14,14 +14,23 @@
 // gateway also sends SGLang's /close_session to the instances that served
 // them).
 //
+// Then load control, on a smaller cluster (two instances of 10,000 KV
+// tokens): agents keep arriving, and the gateway asks HoldNewSession before
+// placing each one's first turn. While the live contexts would fill more
+// than 80% of the KV, new sessions wait in the gateway's queue, oldest
+// first, and go in as earlier sessions close.
+//
 // Exit status 0 when it ends as described (sessions moved off the busy
 // instance, none moved twice, later turns booked only their new tokens as
 // prefill, every ticket gave its load back, nothing left counted against an
-// instance once every session closed); ctest runs it (label "example").
+// instance once every session closed; later, sessions waited while memory
+// was full, entered in arrival order, and the live contexts never passed the
+// limit); ctest runs it (label "example").
 //
 //   ear_gateway [--quiet]
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +61,113 @@ std::vector<TokenId> NewTokens(const Session& s) {
   std::vector<TokenId> tokens(n);
   for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<TokenId>(s.id * 100000 + s.turns * 1000 + i);
   return tokens;
+}
+
+// Load control: three agents arrive per second for eight seconds on two
+// instances of 10,000 tokens; each runs three turns (one per second) and
+// closes. Returns the
+// number of broken expectations.
+int LoadControl(bool quiet) {
+  double now = 0;
+  auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, [&now] { return now; });
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.instances = 2;
+  options.block_tokens = kBlockTokens;
+  options.kv_capacity_tokens = 10000;
+  auto ear = AffinityPolicy::Create(options);
+  if (!ledger.ok() || !ear.ok()) return 1;
+  LoadLedger& cluster = **ledger;
+  AffinityPolicy& policy = **ear;
+  const double limit = options.hold_memory_fraction * 2 * 10000;
+
+  struct Agent {
+    Session session;
+    double arrived_s = 0;
+    double placed_s = -1;
+  };
+  std::deque<Agent> agents;
+  std::deque<Agent*> queue;  // first turns waiting at the gateway
+  std::vector<Agent*> running;
+  std::vector<SessionId> admitted;
+  int failures = 0;
+  uint64_t request_id = 0;
+  // One turn of `a`: placed, run, finished (the sketch above, condensed).
+  auto run_turn = [&](Agent& a) {
+    Session& s = a.session;
+    const std::vector<TokenId> fresh(s.turns == 0 ? 2400 : 300, static_cast<TokenId>(s.id));
+    PolicyRequest request;
+    request.id = request_id++;
+    request.request = s.hasher->BeginTurn(fresh);
+    request.input_tokens = s.hasher->total_tokens();
+    request.input_hashes = s.hasher->hashes();
+    absl::StatusOr<Placement> where = policy.Place(request, cluster);
+    if (!where.ok()) return false;
+    absl::StatusOr<LoadLedger::Ticket> ticket =
+        cluster.Start(*where, request.input_tokens - where->estimated_hit_tokens);
+    if (!ticket.ok()) return false;
+    ticket->FirstToken();
+    s.hasher->AppendContext(std::vector<TokenId>(100, static_cast<TokenId>(7)));
+    request.context_hashes = s.hasher->hashes();
+    ticket->Finish();
+    policy.OnFinished(request, *where, cluster);
+    ++s.turns;
+    return true;
+  };
+  for (int second = 0; second < 40; ++second) {
+    now = second;
+    for (int k = 0; k < 3 && second < 8; ++k) {
+      Agent& a = agents.emplace_back();
+      a.session.id = 100 + agents.size();
+      a.session.hasher = *SessionHasher::Create(a.session.id, kBlockTokens);
+      a.arrived_s = now;
+      queue.push_back(&a);
+    }
+    // Running agents take their next turn; after the third they close.
+    for (auto it = running.begin(); it != running.end();) {
+      if ((*it)->session.turns == 3) {
+        policy.OnSessionClosed((*it)->session.id);
+        it = running.erase(it);
+        continue;
+      }
+      if (!run_turn(**it)) return failures + 1;
+      ++it;
+    }
+    // The gateway's queue: the oldest first turn goes in unless the policy
+    // holds it, and nothing passes a held turn.
+    while (!queue.empty()) {
+      Agent& a = *queue.front();
+      PolicyRequest first;
+      const std::vector<TokenId> task(2400, static_cast<TokenId>(a.session.id));
+      SessionHasher probe = *SessionHasher::Create(a.session.id, kBlockTokens);
+      first.request = probe.BeginTurn(task);
+      first.input_tokens = probe.total_tokens();
+      first.input_hashes = probe.hashes();
+      if (policy.HoldNewSession(first, cluster, a.arrived_s)) break;
+      queue.pop_front();
+      a.placed_s = now;
+      if (!run_turn(a)) return failures + 1;
+      running.push_back(&a);
+      admitted.push_back(a.session.id);
+      // Admitted only if its 2,400-token task fit; its first answer adds 100.
+      if (static_cast<double>(policy.live_context_tokens()) > limit + 100) ++failures;
+    }
+  }
+  uint32_t waited = 0;
+  for (const Agent& a : agents) {
+    if (a.placed_s < 0) ++failures;  // every agent got in
+    if (a.placed_s > a.arrived_s) ++waited;
+    if (!quiet && a.placed_s > a.arrived_s) {
+      std::printf("load control: session %llu arrived at %.0f s, waited until %.0f s\n",
+                  static_cast<unsigned long long>(a.session.id), a.arrived_s, a.placed_s);
+    }
+  }
+  for (size_t i = 1; i < admitted.size(); ++i) failures += admitted[i] < admitted[i - 1];
+  if (waited == 0) ++failures;
+  std::printf("ear_gateway: load control held %u of %zu sessions at the gateway until memory "
+              "freed\n",
+              waited, agents.size());
+  return failures;
 }
 
 }  // namespace
@@ -159,5 +275,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(misbooked),
               failures == 0 ? "and live contexts back to zero" : "LEFT OVER");
   if (moved_off_busy == 0 || moved_twice != 0 || misbooked != 0) ++failures;
+  failures += LoadControl(quiet);
   return failures == 0 ? 0 : 1;
 }
