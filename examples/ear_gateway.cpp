@@ -91,6 +91,7 @@ int LoadControl(bool quiet) {
   std::vector<Agent*> running;
   std::vector<SessionId> admitted;
   int failures = 0;
+  uint32_t checked = 0;  // admissions made under load control
   uint64_t request_id = 0;
   // One turn of `a`: placed, run, finished (the sketch above, condensed).
   auto run_turn = [&](Agent& a) {
@@ -144,13 +145,19 @@ int LoadControl(bool quiet) {
       first.input_tokens = probe.total_tokens();
       first.input_hashes = probe.hashes();
       if (policy.HoldNewSession(first, cluster, a.arrived_s)) break;
+      // Until most placed turns continue a session, ear does not hold (the
+      // first agents' first turns); after that an admitted task fit.
+      const bool controlled = policy.return_rate() >= options.hold_min_return_rate;
       queue.pop_front();
       a.placed_s = now;
       if (!run_turn(a)) return failures + 1;
       running.push_back(&a);
       admitted.push_back(a.session.id);
-      // Admitted only if its 2,400-token task fit; its first answer adds 100.
-      if (static_cast<double>(policy.live_context_tokens()) > limit + 100) ++failures;
+      // Its 2,400-token task fit; its first answer adds 100.
+      checked += controlled;
+      if (controlled && static_cast<double>(policy.live_context_tokens()) > limit + 100) {
+        ++failures;
+      }
     }
   }
   uint32_t waited = 0;
@@ -163,7 +170,7 @@ int LoadControl(bool quiet) {
     }
   }
   for (size_t i = 1; i < admitted.size(); ++i) failures += admitted[i] < admitted[i - 1];
-  if (waited == 0) ++failures;
+  if (waited == 0 || checked == 0) ++failures;
   std::printf("ear_gateway: load control held %u of %zu sessions at the gateway until memory "
               "freed\n",
               waited, agents.size());

@@ -738,10 +738,9 @@ struct LoadControlScene {
     options.kv_capacity_tokens = 10000;
     ear = Make(AffinityRule::kEar, 2, Topology::kColocated, 0, options);
   }
-  // A session of two turns, 100 blocks each: 3,200 live tokens, one return.
-  void TwoTurns(GrowingSession& s) {
-    Turn(*ear, cluster, s, id++, 100);
-    Turn(*ear, cluster, s, id++, 100);
+  // A session of four turns, 50 blocks each: 3,200 live tokens.
+  void FourTurns(GrowingSession& s) {
+    for (int turn = 0; turn < 4; ++turn) Turn(*ear, cluster, s, id++, 50);
   }
   bool Holds(SessionId session, size_t blocks, double arrived_s) {
     GrowingSession fresh{session};
@@ -757,22 +756,29 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
   CHECK_FALSE(scene.Holds(1, 5000, 0));
   std::vector<GrowingSession> live = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
                                       GrowingSession{4}};
-  for (GrowingSession& s : live) scene.TwoTurns(s);
+  for (GrowingSession& s : live) scene.FourTurns(s);
   REQUIRE(scene.ear->live_context_tokens() == 12800);
   REQUIRE(scene.ear->live_sessions() == 4);
-  CHECK(scene.ear->return_rate() == Approx(5.0 / 6.0));
+  // 4 first turns and 12 later ones: (12 + 1) / (16 + 2).
+  CHECK(scene.ear->return_rate() == Approx(13.0 / 18.0));
   // 12,800 + 4,000 > 16,000; 12,800 + 3,200 is not.
   CHECK(scene.Holds(10, 250, 0));
   CHECK_FALSE(scene.Holds(10, 200, 0));
+  SECTION("an input larger than the limit on its own is never held") {
+    CHECK(scene.Holds(10, 1000, 0));        // 16,000: fits once others leave
+    CHECK_FALSE(scene.Holds(10, 1001, 0));  // 16,016: would wait for an empty cluster
+  }
   SECTION("the wait is bounded by max_hold_s") {
     scene.cluster.now = 1000;
     CHECK(scene.Holds(10, 250, 400.1));
     CHECK_FALSE(scene.Holds(10, 250, 400));
   }
   SECTION("only a session's first turn, and only of a session not placed, is held") {
-    GrowingSession later{10};
-    Turn(*scene.ear, scene.cluster, later, scene.id++, 1);
-    CHECK_FALSE(scene.ear->HoldNewSession(later.Next(scene.id, 250), scene.cluster, 0));
+    // A later turn of a session the policy does not know (its gateway lost
+    // the binding): turn 1, not placed.
+    GrowingSession unknown{11};
+    (void)unknown.Next(scene.id, 1);
+    CHECK_FALSE(scene.ear->HoldNewSession(unknown.Next(scene.id, 250), scene.cluster, 0));
     GrowingSession bound{1};  // session 1 again, from its first turn
     CHECK_FALSE(scene.ear->HoldNewSession(bound.Next(scene.id, 250), scene.cluster, 0));
   }
@@ -787,7 +793,7 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
     LoadControlScene idle(options);
     std::vector<GrowingSession> four = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
                                         GrowingSession{4}};
-    for (GrowingSession& s : four) idle.TwoTurns(s);
+    for (GrowingSession& s : four) idle.FourTurns(s);
     CHECK(idle.Holds(10, 250, 0));
     idle.cluster.now = 51;
     CHECK_FALSE(idle.Holds(10, 250, 51));
@@ -798,7 +804,7 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
     options.reusable_capacity_tokens = 20000;
     LoadControlScene tiered(options);
     for (GrowingSession& s : live) s = GrowingSession{s.id};
-    for (GrowingSession& s : live) tiered.TwoTurns(s);
+    for (GrowingSession& s : live) tiered.FourTurns(s);
     CHECK_FALSE(tiered.Holds(10, 250, 0));
     CHECK(tiered.Holds(10, 1500, 0));  // 12,800 + 24,000 > 32,000
   }
@@ -807,11 +813,18 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
     options.hold_new_sessions = false;
     LoadControlScene off(options);
     for (GrowingSession& s : live) s = GrowingSession{s.id};
-    for (GrowingSession& s : live) off.TwoTurns(s);
+    for (GrowingSession& s : live) off.FourTurns(s);
     CHECK_FALSE(off.Holds(10, 250, 0));
-    auto unified = Make(AffinityRule::kUnified, 2);
+    AffinityPolicyOptions unified_options;
+    unified_options.kv_capacity_tokens = 10000;
+    auto unified = Make(AffinityRule::kUnified, 2, Topology::kColocated, 0, unified_options);
+    uint64_t id = 0;
+    for (GrowingSession& s : live) s = GrowingSession{s.id};
+    for (GrowingSession& s : live) {
+      for (int turn = 0; turn < 4; ++turn) Turn(*unified, scene.cluster, s, id++, 50);
+    }
     GrowingSession fresh{10};
-    CHECK_FALSE(unified->HoldNewSession(fresh.Next(0, 250), scene.cluster, 0));
+    CHECK_FALSE(unified->HoldNewSession(fresh.Next(id, 250), scene.cluster, 0));
   }
 }
 
@@ -831,7 +844,7 @@ TEST_CASE("ear load control: traffic of one-turn sessions is not held", "[policy
                                         GrowingSession{4}};
     for (GrowingSession& s : live) Turn(*scene.ear, scene.cluster, s, scene.id++, 200);
     REQUIRE(scene.ear->live_context_tokens() == 12800);
-    CHECK(scene.ear->return_rate() == Approx(1.0 / 12.0));
+    CHECK(scene.ear->return_rate() == Approx(1.0 / 16.0));  // 14 first turns, no later one
     CHECK(scene.Holds(10, 250, 0) == (min_rate == 0.0));
   }
 }
@@ -847,8 +860,7 @@ TEST_CASE("ear load control: not when an instance cannot hold two average contex
     // than 10,000 / 2.
     GrowingSession a{1}, b{2};
     for (GrowingSession* s : {&a, &b}) {
-      Turn(*scene.ear, scene.cluster, *s, scene.id++, 150);
-      Turn(*scene.ear, scene.cluster, *s, scene.id++, 150);
+      for (int turn = 0; turn < 3; ++turn) Turn(*scene.ear, scene.cluster, *s, scene.id++, 100);
     }
     REQUIRE(scene.ear->live_context_tokens() == 9600);
     // 9,600 + 12,000 passes both limits (16,000 and 20,000).
@@ -885,6 +897,10 @@ TEST_CASE("ear load control: the live totals match the per-instance counts (prop
       (void)ear->HoldNewSession(r, cluster, cluster.now);
       absl::StatusOr<Placement> p = ear->Place(r, cluster);
       REQUIRE(p.ok());
+      // The session just placed is bound and counted, with its request in flight.
+      REQUIRE(ear->binding(id) == p->instance);
+      REQUIRE(ear->live_sessions() >= 1);
+      REQUIRE(ear->committed_tokens(p->instance) >= r.input_tokens);
       if (rng.Next() % 4 != 0) ear->OnFinished(r, *p, cluster);
     }
     uint64_t sum = 0;

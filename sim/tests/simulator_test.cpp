@@ -681,6 +681,10 @@ class CloseWatcher final : public policy::RoutingPolicy {
     if (!closed_.insert(session).second) ++closed_twice_;
     inner_.OnSessionClosed(session);
   }
+  bool HoldNewSession(const policy::PolicyRequest& request, policy::ClusterView& cluster,
+                      double arrived_s) override {
+    return inner_.HoldNewSession(request, cluster, arrived_s);
+  }
   std::unordered_set<SessionId> closed_;
   int placed_after_close_ = 0;
   int closed_twice_ = 0;
@@ -708,13 +712,13 @@ class HoldUntil final : public policy::RoutingPolicy {
   }
   bool HoldNewSession(const policy::PolicyRequest& request, policy::ClusterView& cluster,
                       double arrived_s) override {
-    asked_.push_back(request.request.turn);
+    asked_.emplace_back(request.request.session, request.request.turn);
     CHECK(arrived_s <= cluster.now_s());
     return cluster.now_s() < release_s_;
   }
   std::vector<std::pair<SessionId, uint32_t>> placed_;
   std::vector<double> placed_at_;
-  std::vector<uint32_t> asked_;
+  std::vector<std::pair<SessionId, uint32_t>> asked_;
 
  private:
   policy::RoutingPolicy& inner_;
@@ -738,11 +742,16 @@ TEST_CASE("simulator: held turns wait at the gateway in arrival order, and the w
   config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
   auto result = Simulator::Run(trace, holding, config, made->engine);
   REQUIRE(result.ok());
-  // Asked about the oldest turn only, once at its arrival and then every
-  // kHoldRecheckSeconds (nothing finishes meanwhile), until 10 s.
-  REQUIRE(holding.asked_.size() >= 11);
-  CHECK(std::count(holding.asked_.begin(), holding.asked_.end(), 0u) ==
-        static_cast<long>(holding.asked_.size()) - 1);
+  // Asked about the oldest first turn only (a's), at its arrival, at every
+  // later arrival and every kHoldRecheckSeconds (nothing finishes
+  // meanwhile) until 10 s; then about b's and c's first turns, once each.
+  // a's second turn is never asked about.
+  const std::vector<std::pair<SessionId, uint32_t>>& asked = holding.asked_;
+  REQUIRE(asked.size() >= 13);
+  CHECK(std::all_of(asked.begin(), asked.end() - 2,
+                    [](const auto& a) { return a == std::pair<SessionId, uint32_t>{0, 0}; }));
+  CHECK(asked.end()[-2] == std::pair<SessionId, uint32_t>{1, 0});
+  CHECK(asked.end()[-1] == std::pair<SessionId, uint32_t>{2, 0});
   // Placed at 10 s, in arrival order: a's second turn stays behind its first.
   const std::vector<std::pair<SessionId, uint32_t>> order = {{0, 0}, {0, 1}, {1, 0}, {2, 0}};
   CHECK(holding.placed_ == order);
@@ -753,6 +762,7 @@ TEST_CASE("simulator: held turns wait at the gateway in arrival order, and the w
     CHECK(r.placed_s == Approx(10.0));
     CHECK(r.first_token_s - r.issue_s >= 10.0 - r.issue_s);
   }
+  // a's second turn waited behind its first: it counts as a turn that waited.
   CHECK(result->held_turns == 4);
   CHECK(result->hold_wait_s.max == Approx(10.0));
   CHECK(result->hold_wait_s.p50 == Approx(8.5));

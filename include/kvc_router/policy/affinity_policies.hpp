@@ -164,16 +164,19 @@ struct AffinityPolicyOptions {
   // the new session waits once, for memory that sessions ending free. The
   // remaining fraction is room for the admitted contexts to grow. It holds
   // only while
-  //  - at least hold_min_return_rate of the sessions' turns that ended were
-  //    followed by a later turn (an estimate, prior 1/2): for traffic of
+  //  - at least hold_min_return_rate of the turns placed so far continued
+  //    a session (return_rate(), prior 1/2): for traffic of
   //    mostly one-turn sessions, kept contexts save little and the wait
   //    would fall on most requests;
   //  - an instance's share of that memory fits two average live contexts:
   //    with fewer, no admitted set fits either, and holding would leave
   //    instances idle while their sessions think;
-  //  - the turn has waited less than max_hold_s (600 s is the default
-  //    request timeout of OpenAI's Python client, so a held turn is placed
-  //    before a client with default settings gives up).
+  //  - the input alone fits within the limit (a larger one would wait for
+  //    an empty cluster, and every session behind it with it);
+  //  - the turn has waited less than max_hold_s (600 s, also the default
+  //    request timeout of OpenAI's Python client: a turn held that long
+  //    still needs its prefill, so set it below the clients' timeout by
+  //    their TTFT budget).
   bool hold_new_sessions = true;
   double hold_memory_fraction = 0.8;
   double hold_min_return_rate = 0.5;
@@ -342,10 +345,11 @@ class AffinityPolicy final : public RoutingPolicy {
     const SessionId session = request.request.session;
     const double now = cluster.now_s();
     if (options_.rule == AffinityRule::kEar) {
-      if (auto it = bindings_.find(session); it != bindings_.end() && it->second.in_flight == 0) {
+      auto it = bindings_.find(session);
+      if (it != bindings_.end() && it->second.in_flight == 0) {
         gaps_.Add(now - it->second.last_active_s);
-        ++returns_;
       }
+      ++(it != bindings_.end() ? later_turns_ : first_turns_);
     }
     ExpireIdle(now);
     // What each instance is estimated to hold of the input, before this
@@ -418,7 +422,6 @@ class AffinityPolicy final : public RoutingPolicy {
     }
     auto it = bindings_.find(session);
     if (it == bindings_.end()) return;
-    if (it->second.counted_tokens > 0) ++departures_;
     Uncount(it->second);
     bindings_.erase(it);
     // Closed sessions leave their entries in the forgetting order; drop them
@@ -456,8 +459,10 @@ class AffinityPolicy final : public RoutingPolicy {
                                 : options_.kv_capacity_tokens);
     const double live = static_cast<double>(live_tokens_);
     if (2 * live > reusable * static_cast<double>(live_sessions_)) return false;
-    return live + static_cast<double>(request.input_tokens) >
-           reusable * static_cast<double>(options_.instances);
+    const double limit = reusable * static_cast<double>(options_.instances);
+    const double input = static_cast<double>(request.input_tokens);
+    // An input beyond the limit on its own would wait for an empty cluster.
+    return input <= limit && live + input > limit;
   }
 
   // ear's migration step for the next turn of `request`'s session, without
@@ -550,11 +555,14 @@ class AffinityPolicy final : public RoutingPolicy {
   // sessions they belong to (load control's view of memory).
   uint64_t live_context_tokens() const { return live_tokens_; }
   uint64_t live_sessions() const { return live_sessions_; }
-  // ear: the estimated share of ended turns whose session came back,
-  // (returns + 1) / (returns + departures + 2).
+  // ear: the share of the turns placed so far that continued a session,
+  // (later turns + 1) / (all turns + 2). For steady traffic it is the share of
+  // turns followed by another turn of their session; unlike counting the
+  // sessions that ended, it needs no wait to learn that a session will not
+  // come back.
   double return_rate() const {
-    return (static_cast<double>(returns_) + 1) /
-           (static_cast<double>(returns_ + departures_) + 2);
+    return (static_cast<double>(later_turns_) + 1) /
+           (static_cast<double>(first_turns_ + later_turns_) + 2);
   }
   // ear: migrations planned and committed so far.
   uint64_t migrations() const { return migrations_; }
@@ -810,10 +818,7 @@ class AffinityPolicy final : public RoutingPolicy {
       auto it = bindings_.find(session);
       if (it == bindings_.end()) continue;
       Binding& b = it->second;
-      if (b.last_active_s == at && b.in_flight == 0) {
-        if (b.counted_tokens > 0) ++departures_;
-        Uncount(b);
-      }
+      if (b.last_active_s == at && b.in_flight == 0) Uncount(b);
     }
   }
 
@@ -845,7 +850,6 @@ class AffinityPolicy final : public RoutingPolicy {
       if (old == session) continue;  // an entry from an earlier binding of it
       auto jt = bindings_.find(old);
       if (jt != bindings_.end() && jt->second.stamp == stamp) {
-        if (jt->second.counted_tokens > 0) ++departures_;
         Uncount(jt->second);
         bindings_.erase(jt);
       } else if (jt != bindings_.end()) {
@@ -872,12 +876,12 @@ class AffinityPolicy final : public RoutingPolicy {
   uint64_t clock_ = 0;
   // ear: live context tokens bound to each instance; activity in time order.
   std::vector<uint64_t> committed_;
-  // ear: their sum, the sessions counted in it, and the turns whose session
-  // came back (returns_) or did not (idle past IdleSeconds() or closed).
+  // ear: their sum, the sessions counted in it, and the turns placed for
+  // sessions without and with a binding.
   uint64_t live_tokens_ = 0;
   uint64_t live_sessions_ = 0;
-  uint64_t returns_ = 0;
-  uint64_t departures_ = 0;
+  uint64_t first_turns_ = 0;
+  uint64_t later_turns_ = 0;
   std::deque<std::pair<double, SessionId>> idle_queue_;
   GapHistogram gaps_;
   uint64_t migrations_ = 0;

@@ -441,13 +441,13 @@ inline std::string FormatTable(const ReplayReport& r,
   for (const PolicyResult& p : r.results) any_held = any_held || p.held_turns > 0;
   if (any_held) {
     // Load control's queue at the gateway: its waits are part of the TTFTs above.
-    out += "\nfirst turns held at the gateway (load control), wait (s):\n";
-    out += "policy             held  share     p50     p90     max\n";
+    out += "\nturns that waited at the gateway (load control), share of requests, wait (s):\n";
+    out += "policy            turns  share    p50    p90    max\n";
     for (const PolicyResult& p : r.results) {
       if (p.held_turns == 0) continue;
-      absl::StrAppend(&out, absl::StrFormat("%-15s %7d %5.1f%% ", p.name, p.held_turns,
-                                            100.0 * static_cast<double>(p.held_turns) /
-                                                static_cast<double>(std::max<uint64_t>(p.requests, 1))),
+      const double share = static_cast<double>(p.held_turns) /
+                           static_cast<double>(std::max<uint64_t>(p.requests, 1));
+      absl::StrAppend(&out, absl::StrFormat("%-15s %7d %5.1f%% ", p.name, p.held_turns, 100 * share),
                       Seconds(p.hold_wait_s.p50), " ", Seconds(p.hold_wait_s.p90), " ",
                       Seconds(p.hold_wait_s.max), "\n");
     }

@@ -15,7 +15,10 @@
 // nominal arrival time instead.
 //
 // A request's life:
-//   arrival -> Place (the policy; admission RPCs cost admit_rpc_s each)
+//   arrival -> the gateway's FIFO queue, which the policy's load control
+//        (RoutingPolicy::HoldNewSession) may hold at a session's first turn
+//        (empty at once for policies that never hold)
+//     -> Place (the policy; admission RPCs cost admit_rpc_s each)
 //     -> KV booking on its instance: the whole footprint is booked before the
 //        request runs (admission already booked it for KVC; other policies
 //        wait here for memory, FIFO); a request larger than the pool is
@@ -541,8 +544,9 @@ class Simulator final : public policy::ClusterView {
     while (!gateway_queue_.empty() && failure_.ok()) {
       const QueuedTurn& q = gateway_queue_.front();
       const TraceTurn& t = trace_.turns[q.turn];
-      policy::PolicyRequest probe = MakePolicyRequest(q.turn);
-      if (policy_.HoldNewSession(probe, *this, q.arrived_s)) {
+      // Only first turns are asked about; a later turn queued behind its
+      // session's first goes in once it is at the head.
+      if (t.turn == 0 && policy_.HoldNewSession(MakePolicyRequest(q.turn), *this, q.arrived_s)) {
         if (!hold_check_pending_) {
           hold_check_pending_ = true;
           queue_.Push(now_ + policy::kHoldRecheckSeconds,
