@@ -65,8 +65,7 @@ std::vector<TokenId> NewTokens(const Session& s) {
 
 // Load control: three agents arrive per second for eight seconds on two
 // instances of 10,000 tokens; each runs three turns (one per second) and
-// closes. Returns the
-// number of broken expectations.
+// closes. Returns the number of broken expectations.
 int LoadControl(bool quiet) {
   double now = 0;
   auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, [&now] { return now; });

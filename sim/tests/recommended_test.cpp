@@ -45,6 +45,7 @@ void CheckTargets(SyntheticConfig workload, const SimConfig& config,
     setup.cluster = config.cluster;
     setup.admission = config.admission;
     setup.cost = config.cost;
+    setup.host_tier_tokens = config.host_tier.capacity_tokens;
     setup.router.block_tokens = trace->block_tokens;
     for (const std::string& name : names) {
       absl::StatusOr<MadePolicy> made = MakePolicy(name, setup);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -767,6 +768,43 @@ TEST_CASE("simulator: held turns wait at the gateway in arrival order, and the w
   CHECK(result->hold_wait_s.max == Approx(10.0));
   CHECK(result->hold_wait_s.p50 == Approx(8.5));
   CHECK(result->ttft_s.max >= 10.0);
+}
+
+TEST_CASE("simulator: a policy that never stops holding fails the replay", "[sim][load-control]") {
+  const Trace trace = ParseMultiturnText(
+      R"({"session_id":"a","input_length":2000,"output_length":20,"timestamp":0})" "\n");
+  SimConfig config;
+  absl::StatusOr<MadePolicy> made = MakePolicy("dp", SetupFor(config, trace));
+  REQUIRE(made.ok());
+  HoldUntil forever(*made->policy, std::numeric_limits<double>::infinity());
+  auto result = Simulator::Run(trace, forever, config, made->engine);
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.status().code() == absl::StatusCode::kInternal);
+  CHECK_THAT(test::Message(result.status()), Catch::Contains("held turn 0 of session 0"));
+}
+
+TEST_CASE("simulator: ear with sessions started together never holds, so load control changes "
+          "nothing there",
+          "[sim][load-control]") {
+  for (uint64_t seed : {1u, 2u}) {
+    INFO("seed " << seed);
+    SyntheticConfig c = SyntheticConfig::ClaudeCode();
+    c.sessions = 32;
+    c.requests = 32 * 12;
+    c.session_interarrival_s = 0;
+    c.seed = seed;
+    auto trace = GenerateSynthetic(c);
+    REQUIRE(trace.ok());
+    SimConfig config;
+    config.concurrency = 32;
+    PolicySetup setup = SetupFor(config, *trace);
+    const PolicyResult on = Replay(*trace, "ear", config, setup);
+    setup.affinity.hold_new_sessions = false;
+    const PolicyResult off = Replay(*trace, "ear", config, setup);
+    CHECK(on.held_turns == 0);
+    CHECK(on.cached_tokens == off.cached_tokens);
+    CHECK(on.ttft_sorted_s == off.ttft_sorted_s);
+  }
 }
 
 TEST_CASE("simulator: nothing waits at the gateway unless the policy holds",

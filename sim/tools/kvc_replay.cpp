@@ -425,8 +425,8 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
             Sign::kPositive)
       ->group(pol);
   AddNumber(app, "--hold-min-return-rate", af.hold_min_return_rate,
-            "ear: hold only while at least this share of ended turns were followed by a later "
-            "turn of their session")
+            "ear: hold only while at least this share of the turns placed lately continued a "
+            "session")
       ->group(pol);
   AddNumber(app, "--max-hold", af.max_hold_s,
             "ear: seconds a first turn may wait at the gateway before it is placed anyway")
@@ -768,7 +768,7 @@ int Run(int argc, char** argv) {
   if (!o.requests_csv_path.empty()) {
     request_rows =
         "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
-        "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s\n";
+        "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s,gateway_wait_s\n";
   }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
@@ -799,11 +799,13 @@ int Run(int argc, char** argv) {
         const std::string ttft =
             r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f\n", name, r.session,
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f,%.9f\n", name,
+            r.session,
             turn.turn, r.issue_s, first_token, ttft, r.finish_s,
             r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
-            turn.reusable_tokens, turn.output_tokens, r.cached_tokens, r.placed_s);
+            turn.reusable_tokens, turn.output_tokens, r.cached_tokens, r.placed_s,
+            r.placed_s - r.issue_s);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =

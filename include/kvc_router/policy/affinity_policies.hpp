@@ -164,7 +164,7 @@ struct AffinityPolicyOptions {
   // the new session waits once, for memory that sessions ending free. The
   // remaining fraction is room for the admitted contexts to grow. It holds
   // only while
-  //  - at least hold_min_return_rate of the turns placed so far continued
+  //  - at least hold_min_return_rate of the turns placed lately continued
   //    a session (return_rate(), prior 1/2): for traffic of
   //    mostly one-turn sessions, kept contexts save little and the wait
   //    would fall on most requests;
@@ -173,6 +173,7 @@ struct AffinityPolicyOptions {
   //    instances idle while their sessions think;
   //  - the input alone fits within the limit (a larger one would wait for
   //    an empty cluster, and every session behind it with it);
+  //  - kv_capacity_tokens is set (without a K_d nothing is held);
   //  - the turn has waited less than max_hold_s (600 s, also the default
   //    request timeout of OpenAI's Python client: a turn held that long
   //    still needs its prefill, so set it below the clients' timeout by
@@ -303,6 +304,10 @@ class GapHistogram {
   uint64_t count_ = 0;
 };
 
+// ear's return rate (AffinityPolicy::return_rate) weighs about this many of
+// the latest placements.
+inline constexpr double kReturnRateWindow = 4096;
+
 // Why PlanMigration moves a session.
 enum class MigrationTrigger : uint8_t {
   // The bound instance's pending prefill tokens exceed hot_prefill_tokens.
@@ -349,7 +354,12 @@ class AffinityPolicy final : public RoutingPolicy {
       if (it != bindings_.end() && it->second.in_flight == 0) {
         gaps_.Add(now - it->second.last_active_s);
       }
-      ++(it != bindings_.end() ? later_turns_ : first_turns_);
+      // Counts that fade over the last ~kReturnRateWindow placements, so
+      // a long-running gateway follows its traffic when it changes.
+      constexpr double kKeep = 1.0 - 1.0 / kReturnRateWindow;
+      first_turns_ *= kKeep;
+      later_turns_ *= kKeep;
+      (it != bindings_.end() ? later_turns_ : first_turns_) += 1;
     }
     ExpireIdle(now);
     // What each instance is estimated to hold of the input, before this
@@ -555,14 +565,13 @@ class AffinityPolicy final : public RoutingPolicy {
   // sessions they belong to (load control's view of memory).
   uint64_t live_context_tokens() const { return live_tokens_; }
   uint64_t live_sessions() const { return live_sessions_; }
-  // ear: the share of the turns placed so far that continued a session,
-  // (later turns + 1) / (all turns + 2). For steady traffic it is the share of
-  // turns followed by another turn of their session; unlike counting the
-  // sessions that ended, it needs no wait to learn that a session will not
-  // come back.
+  // ear: the share of the turns placed lately (about the last
+  // kReturnRateWindow) that continued a session, (later turns + 1) / (all
+  // turns + 2). For steady traffic it is the share of turns followed by
+  // another turn of their session; unlike counting the sessions that ended,
+  // it needs no wait to learn that a session will not come back.
   double return_rate() const {
-    return (static_cast<double>(later_turns_) + 1) /
-           (static_cast<double>(first_turns_ + later_turns_) + 2);
+    return (later_turns_ + 1) / (first_turns_ + later_turns_ + 2);
   }
   // ear: migrations planned and committed so far.
   uint64_t migrations() const { return migrations_; }
@@ -877,11 +886,11 @@ class AffinityPolicy final : public RoutingPolicy {
   // ear: live context tokens bound to each instance; activity in time order.
   std::vector<uint64_t> committed_;
   // ear: their sum, the sessions counted in it, and the turns placed for
-  // sessions without and with a binding.
+  // sessions without and with a binding (fading, see return_rate()).
   uint64_t live_tokens_ = 0;
   uint64_t live_sessions_ = 0;
-  uint64_t first_turns_ = 0;
-  uint64_t later_turns_ = 0;
+  double first_turns_ = 0;
+  double later_turns_ = 0;
   std::deque<std::pair<double, SessionId>> idle_queue_;
   GapHistogram gaps_;
   uint64_t migrations_ = 0;

@@ -3,9 +3,10 @@
 // How many input tokens a router could at most have served from cache,
 // given the cluster's total KV memory and the order in which requests
 // reached the engines. A replay's hit rate says what a policy got; this says
-// what was there to get, so "0.745 against an ideal of 0.89" can be read as
-// "0.745 against at most 0.90 with this much memory, and 0.80 for one LRU
-// pool" when the sessions' live contexts do not fit (docs/simulator.md,
+// what was there to get, so "0.745 against an ideal of 0.89" (ear without
+// load control) can be read as "0.745 against at most 0.90 with this much
+// memory, and 0.80 for one LRU pool" when the sessions' live contexts do
+// not fit (docs/simulator.md,
 // "Hit-rate bound").
 //
 // The bound is Belady's offline optimum (furthest next use, with bypass) over
@@ -34,7 +35,8 @@
 // with their input). That reference is not a bound (a router that splits
 // sessions well across pools can beat it); it shows what eviction by recency
 // alone costs: on 32 claude-code sessions at h100-8b the optimum is 0.899,
-// one LRU pool 0.797, ear 0.745 (docs/policies.md). With `close_sessions`
+// one LRU pool 0.797, ear without load control 0.745 (docs/policies.md; with
+// it, ear makes an order on which one LRU pool keeps 0.896 and gets 0.884). With `close_sessions`
 // a session's last request leaves the pages only it kept at the front of
 // the eviction order, as PageCache::Close does.
 //

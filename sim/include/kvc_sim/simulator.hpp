@@ -272,6 +272,9 @@ class Simulator final : public policy::ClusterView {
 
  private:
   static constexpr uint32_t kNoSlot = std::numeric_limits<uint32_t>::max();
+  // Longer than any policy should hold a turn (a simulated day): past it the
+  // replay fails instead of asking forever.
+  static constexpr double kMaxHoldSeconds = 86400;
 
   enum class EventType : uint8_t {
     kSessionStart,  // index: session
@@ -521,9 +524,10 @@ class Simulator final : public policy::ClusterView {
   }
 
   // A turn reaches the gateway. First turns, and any turn of a session with
-  // a turn still held, join the gateway's queue, which the policy's load
-  // control (RoutingPolicy::HoldNewSession) may hold; the queue is empty
-  // unless it does, and then nothing passes it.
+  // a turn still queued, join the gateway's FIFO queue, which the policy's
+  // load control (RoutingPolicy::HoldNewSession) may hold at a first turn;
+  // the queue is empty unless it does. Later turns of placed sessions go
+  // straight to Place.
   void OnArrival(uint32_t turn_index) {
     const TraceTurn& t = trace_.turns[turn_index];
     AccumulateAreas(now_);
@@ -547,6 +551,13 @@ class Simulator final : public policy::ClusterView {
       // Only first turns are asked about; a later turn queued behind its
       // session's first goes in once it is at the head.
       if (t.turn == 0 && policy_.HoldNewSession(MakePolicyRequest(q.turn), *this, q.arrived_s)) {
+        if (now_ - q.arrived_s > kMaxHoldSeconds) {
+          failure_ = absl::InternalError(absl::StrCat(
+              "policy ", result_.name, " held turn ", t.turn, " of session ", t.session,
+              " (line ", t.line, ") at the gateway for more than ", kMaxHoldSeconds,
+              " s; a held turn must be placed eventually"));
+          break;
+        }
         if (!hold_check_pending_) {
           hold_check_pending_ = true;
           queue_.Push(now_ + policy::kHoldRecheckSeconds,
