@@ -118,5 +118,44 @@ TEST_CASE("estimate and naive indexes agree on prefix-closed residency",
   }
 }
 
+TEST_CASE("estimate index: bisection over root chains finds the leading run (property)",
+          "[index][property]") {
+  // Sessions fork from shared prefixes of one tree of chains; learning whole
+  // chains or their leading blocks, forgetting sessions and evicting by a
+  // small capacity keep every worker's blocks prefix-closed, where
+  // OverlapOfChain must equal the linear Overlap.
+  const uint64_t seed = GENERATE(take(200, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  testing::ScenarioRng rng(seed);
+  const uint32_t workers = static_cast<uint32_t>(rng.Uniform(1, 6));
+  const uint64_t capacity_blocks = rng.Chance(50) ? 0 : rng.Uniform(4, 120);
+  EstimateIndex index(workers, capacity_blocks * 16, 16);
+  std::vector<std::vector<BlockHash>> chains = {TestChain(rng.Uniform(1, 40), 1)};
+  for (int s = 1; s < 12; ++s) {
+    const auto& from = chains[rng.Uniform(0, chains.size() - 1)];
+    const size_t keep = rng.Uniform(0, from.size());
+    std::vector<BlockHash> chain(from.begin(), from.begin() + static_cast<ptrdiff_t>(keep));
+    const auto tail = TestChain(rng.Uniform(1, 40), 50 + static_cast<uint64_t>(s),
+                                chain.empty() ? kChainRootHash : chain.back());
+    chain.insert(chain.end(), tail.begin(), tail.end());
+    chains.push_back(chain);
+  }
+  std::vector<uint32_t> linear(workers), bisected(workers);
+  for (int step = 0; step < 80; ++step) {
+    const WorkerId d = static_cast<WorkerId>(rng.Uniform(0, workers - 1));
+    const SessionId s = rng.Uniform(0, chains.size() - 1);
+    if (rng.Chance(75)) {
+      index.Learn(d, s, std::span<const BlockHash>(chains[s]).first(rng.Uniform(0, chains[s].size())));
+    } else {
+      index.ForgetSession(d, s);
+    }
+    const auto& query = chains[rng.Uniform(0, chains.size() - 1)];
+    const auto probe = std::span<const BlockHash>(query).first(rng.Uniform(0, query.size()));
+    index.Overlap(probe, linear);
+    index.OverlapOfChain(probe, bisected);
+    REQUIRE(linear == bisected);
+  }
+}
+
 }  // namespace
 }  // namespace kvc_router

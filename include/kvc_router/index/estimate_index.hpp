@@ -10,8 +10,10 @@
 // set intersection whenever residency is prefix-closed (tests check this
 // against NaiveIndex).
 //
-// Cost: Overlap is O(|D| * run length) hash look-ups; Learn is O(new blocks)
-// when a session's chain only grew. Not thread-safe by itself; RoutingState
+// Cost: Overlap is O(|D| * run length) hash look-ups; OverlapOfChain, for
+// callers whose every chain starts at the root (the EAR policies), finds the
+// same run by bisection in O(|D| * log(prefix length)); Learn is O(new
+// blocks) when a session's chain only grew. Not thread-safe by itself; RoutingState
 // serializes access.
 //
 //   kvc_router::EstimateIndex index(/*num_workers=*/8,
@@ -49,6 +51,27 @@ class EstimateIndex {
       uint32_t run = 0;
       while (run < prefix.size() && refs.contains(prefix[run])) ++run;
       out[d] = run;
+    }
+  }
+
+  // Overlap for a caller that only ever learns and asks about chains that
+  // start at the root block (SessionHasher's, a trace's): each worker's
+  // blocks are then the union of such chains, cut to their leading blocks, so
+  // "holds block k" is true up to the run and false after it, and bisection
+  // finds the run Overlap would, with O(log prefix length) look-ups.
+  void OverlapOfChain(std::span<const BlockHash> chain, std::span<uint32_t> out) const {
+    for (size_t d = 0; d < workers_.size() && d < out.size(); ++d) {
+      const auto& refs = workers_[d].block_refs;
+      size_t lo = 0, hi = chain.size();  // refs holds chain[i] for i < lo, not for i >= hi
+      while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (refs.contains(chain[mid])) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      out[d] = static_cast<uint32_t>(lo);
     }
   }
 

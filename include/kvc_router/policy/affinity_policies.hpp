@@ -36,7 +36,10 @@
 // What a policy knows of caches is its own estimate, learned from its
 // placements (the prompt when placed, the context when finished) and bounded
 // per instance by K_d with whole sessions evicted least recently used first
-// (EstimateIndex), the way a gateway without KV events would know it. A
+// (EstimateIndex), the way a gateway without KV events would know it. Block
+// hashes must be chained from the root block (SessionHasher's, a trace's),
+// which lets the estimate find how much of a prompt an instance holds by
+// bisection. A
 // session the client closed (OnSessionClosed) is forgotten at once. Loads
 // are what ClusterView reports (a gateway scrapes them from its workers).
 //
@@ -364,7 +367,7 @@ class AffinityPolicy final : public RoutingPolicy {
     ExpireIdle(now);
     // What each instance is estimated to hold of the input, before this
     // request is learned: read by every rule below and by the hit estimate.
-    estimate_.Overlap(request.input_hashes, overlap_);
+    estimate_.OverlapOfChain(request.input_hashes, overlap_);
     WorkerId chosen = kNoWorker;
     WorkerId migrate_from = kNoWorker;
     if (options_.rule == AffinityRule::kEar) {
@@ -577,7 +580,7 @@ class AffinityPolicy final : public RoutingPolicy {
   uint64_t migrations() const { return migrations_; }
   // Tokens of `hashes` the policy believes `instance` caches.
   uint64_t EstimatedHitTokens(WorkerId instance, std::span<const BlockHash> hashes) {
-    estimate_.Overlap(hashes, overlap_);
+    estimate_.OverlapOfChain(hashes, overlap_);
     return uint64_t{overlap_[instance]} * options_.block_tokens;
   }
 
@@ -751,7 +754,7 @@ class AffinityPolicy final : public RoutingPolicy {
   // to hold before this request.
   WorkerId ChoosePrefillByWork(const PolicyRequest& request, ClusterView& cluster,
                                uint64_t& hit) {
-    prefill_estimate_.Overlap(request.input_hashes, prefill_overlap_);
+    prefill_estimate_.OverlapOfChain(request.input_hashes, prefill_overlap_);
     WorkerId best = 0;
     uint64_t best_work = 0;
     uint32_t best_running = 0;
