@@ -13,8 +13,8 @@
 // Cost: Overlap is O(|D| * run length) hash look-ups; OverlapOfChain, for
 // callers whose every chain starts at the root (the EAR policies), finds the
 // same run by bisection in O(|D| * log(prefix length)); Learn is O(new
-// blocks) when a session's chain only grew. Not thread-safe by itself; RoutingState
-// serializes access.
+// blocks) when a session's chain only grew. Not thread-safe by itself;
+// RoutingState serializes access.
 //
 //   kvc_router::EstimateIndex index(/*num_workers=*/8,
 //                                   /*capacity_tokens=*/92104,

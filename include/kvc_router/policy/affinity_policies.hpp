@@ -39,9 +39,9 @@
 // (EstimateIndex), the way a gateway without KV events would know it. Block
 // hashes must be chained from the root block (SessionHasher's, a trace's),
 // which lets the estimate find how much of a prompt an instance holds by
-// bisection. A
-// session the client closed (OnSessionClosed) is forgotten at once. Loads
-// are what ClusterView reports (a gateway scrapes them from its workers).
+// bisection. A session the client closed (OnSessionClosed) is forgotten at
+// once. Loads are what ClusterView reports (a gateway scrapes them from its
+// workers).
 //
 // Every decision is deterministic: ties go to the lowest id, and sticky's
 // weights come from a fixed-seed hash.

@@ -260,11 +260,10 @@ class RoutingPolicy {
   // session closes, and at least every kHoldRecheckSeconds (memory also
   // frees as sessions fall idle); it places the turn once the answer is
   // false. No first turn that arrived after it, and no later turn of its
-  // own session, goes before it; later turns of sessions already placed do
-  // not queue at all. `arrived_s` is when the turn
-  // reached the gateway, on cluster.now_s()'s clock. A policy must answer
-  // false eventually (ear does after max_hold_s), so every turn is placed.
-  // Later turns of a placed session are never held.
+  // own session, goes before it; later turns of sessions already placed are
+  // never held and do not queue. `arrived_s` is when the turn reached the
+  // gateway, on cluster.now_s()'s clock. A policy must answer false
+  // eventually (ear does after max_hold_s), so every turn is placed.
   virtual bool HoldNewSession(const PolicyRequest& request, ClusterView& cluster,
                               double arrived_s) {
     (void)request;

@@ -6,8 +6,7 @@
 // what was there to get, so "0.745 against an ideal of 0.89" (ear without
 // load control) can be read as "0.745 against at most 0.90 with this much
 // memory, and 0.80 for one LRU pool" when the sessions' live contexts do
-// not fit (docs/simulator.md,
-// "Hit-rate bound").
+// not fit (docs/simulator.md, "Hit-rate bound").
 //
 // The bound is Belady's offline optimum (furthest next use, with bypass) over
 // one pool as large as every pool of the cluster together, at block
@@ -35,10 +34,10 @@
 // with their input). That reference is not a bound (a router that splits
 // sessions well across pools can beat it); it shows what eviction by recency
 // alone costs: on 32 claude-code sessions at h100-8b the optimum is 0.899,
-// one LRU pool 0.797, ear without load control 0.745 (docs/policies.md; with
-// it, ear makes an order on which one LRU pool keeps 0.896 and gets 0.884). With `close_sessions`
-// a session's last request leaves the pages only it kept at the front of
-// the eviction order, as PageCache::Close does.
+// one LRU pool 0.797, ear without load control 0.745 (docs/policies.md;
+// with it, ear makes an order on which one LRU pool keeps 0.896 and gets
+// 0.884). With `close_sessions` a session's last request leaves the pages
+// only it kept at the front of the eviction order, as PageCache::Close does.
 //
 // Memory: about 24 bytes per block of every request in the order.
 //

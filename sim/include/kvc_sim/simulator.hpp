@@ -108,8 +108,8 @@ struct RequestRecord {
   uint32_t turn = 0;     // index into Trace::turns
   uint32_t session = 0;  // index into Trace::sessions
   double issue_s = 0;
-  // When the gateway placed it: after issue_s only if the policy held it
-  // (RoutingPolicy::HoldNewSession).
+  // When the gateway placed it: after issue_s only if load control held it
+  // or a turn ahead of it (RoutingPolicy::HoldNewSession).
   double placed_s = 0;
   double first_token_s = 0;  // NaN when refused
   double finish_s = 0;       // when it finished or was refused
