@@ -752,7 +752,9 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
           "fraction",
           "[policy][ear][load-control]") {
   LoadControlScene scene;
-  // Nothing live: even an input beyond all memory is placed.
+  // Nothing live: nothing is held, an input that fills the limit exactly
+  // or one beyond all memory.
+  CHECK_FALSE(scene.Holds(1, 1000, 0));
   CHECK_FALSE(scene.Holds(1, 5000, 0));
   std::vector<GrowingSession> live = {GrowingSession{1}, GrowingSession{2}, GrowingSession{3},
                                       GrowingSession{4}};

@@ -464,7 +464,8 @@ class AffinityPolicy final : public RoutingPolicy {
     const double now = cluster.now_s();
     if (now - arrived_s >= options_.max_hold_s) return false;
     ExpireIdle(now);
-    if (live_sessions_ == 0 || return_rate() < options_.hold_min_return_rate) return false;
+    // With nothing live the memory test below is false for any input.
+    if (return_rate() < options_.hold_min_return_rate) return false;
     const double reusable =
         options_.hold_memory_fraction *
         static_cast<double>(options_.reusable_capacity_tokens != 0
