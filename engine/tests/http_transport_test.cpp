@@ -27,8 +27,16 @@ class FakeWorker {
     });
     server_.Post("/generate", [this](const httplib::Request& req, httplib::Response& res) {
       last_body_ = req.body;
+      last_path_ = req.path;
       res.set_content(R"({"text":"hi","output_token_ids":[104,105]})", "application/json");
     });
+    for (const char* path : {"/migrate_kv", "/close_session"}) {
+      server_.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
+        last_body_ = req.body;
+        last_path_ = req.path;
+        res.set_content(R"({"ok":true})", "application/json");
+      });
+    }
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -38,10 +46,12 @@ class FakeWorker {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   nlohmann::json last_body() const { return nlohmann::json::parse(last_body_); }
+  const std::string& last_path() const { return last_path_; }
 
  private:
   std::string answer_;
   std::string last_body_;
+  std::string last_path_;
   httplib::Server server_;
   int port_ = 0;
   std::thread thread_;
@@ -79,6 +89,43 @@ TEST_CASE("the admission RPC round-trips as JSON", "[engine][http]") {
   auto result = AdmitResultFromJson(AdmitResultToJson(AdmitResult::Admitted(DecisionMode::kReseed)));
   REQUIRE(result.ok());
   CHECK(result->mode == DecisionMode::kReseed);
+}
+
+TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the right worker",
+          "[engine][http]") {
+  FakeWorker source(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  FakeWorker target(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  auto transport =
+      HttpWorkerTransport::Create({.decode_urls = {source.url(), target.url(), DeadUrl()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 9;
+  request.turn = 3;
+  auto attachment = (*transport)->Attach(9, {{"token_ids", {5, 6}}, {"max_tokens", 4}});
+  REQUIRE((*transport)->RunOnInstance(1, request).ok());
+  CHECK(target.last_path() == "/generate");
+  CHECK(target.last_body() == nlohmann::json{{"session_id", 9},
+                                             {"turn", 3},
+                                             {"mode", "cache"},
+                                             {"token_ids", {5, 6}},
+                                             {"max_tokens", 4}});
+  CHECK(attachment.response()["text"] == "hi");
+
+  // The target pulls from the source: the request goes to the target.
+  REQUIRE((*transport)->MoveSessionKv(0, 1, 9).ok());
+  CHECK(target.last_path() == "/migrate_kv");
+  CHECK(target.last_body() == nlohmann::json{{"session_id", 9}, {"from", source.url()}});
+  REQUIRE((*transport)->CloseSession(0, 9).ok());
+  CHECK(source.last_path() == "/close_session");
+  CHECK(source.last_body() == nlohmann::json{{"session_id", 9}});
+
+  // Unknown ids are the caller's error; a dead worker is unavailable.
+  CHECK((*transport)->MoveSessionKv(3, 1, 9).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->MoveSessionKv(0, 3, 9).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->CloseSession(3, 9).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->RunOnInstance(3, request).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->MoveSessionKv(0, 2, 9).code() == absl::StatusCode::kUnavailable);
+  CHECK((*transport)->CloseSession(2, 9).code() == absl::StatusCode::kUnavailable);
 }
 
 TEST_CASE("no answer, a timeout or a bad answer is worker-unavailable", "[engine][http]") {

@@ -1,11 +1,25 @@
 // kvc-gateway: an example OpenAI-style gateway that routes with kvc_router
-// across prefill and decode workers over HTTP (docs/integration.md).
+// over HTTP (docs/integration.md). Two kinds of clusters:
 //
+// --policy kvc (the default): the KVC-Router across prefill and decode
+// workers that answer the admission RPC, optionally fed by their KV events.
 //   kvc-gateway --port 8000 --block-tokens 16
 //       --prefill http://127.0.0.1:30000
 //       --decode http://127.0.0.1:30001 --decode http://127.0.0.1:30002
 //       --kv-events tcp://127.0.0.1:5557,tcp://127.0.0.1:5558
 //       --kv-events tcp://127.0.0.1:5559,tcp://127.0.0.1:5560
+// The n-th --kv-events (PUB endpoint, optional replay endpoint) belongs to
+// the n-th --decode worker; with events on, the router's index holds what
+// the engines report (placements are not learned optimistically).
+//
+// --policy ear (recommended; also unified, sticky, lmetric, load-only):
+// colocated instances that keep each session's KV in their own cache, as
+// SGLang's radix cache does. Loads come from a LoadLedger of what this
+// gateway sent; first turns wait in a FIFO queue while ear holds them
+// (load control); a placement that moves a session first asks the target
+// to pull the session's KV from its old instance (/migrate_kv).
+//   kvc-gateway --port 8000 --policy ear --kv-capacity-tokens 362000
+//       --instance http://127.0.0.1:30001 --instance http://127.0.0.1:30002
 //
 // Endpoints:
 //   POST /v1/completions       {"prompt", "max_tokens"?, "session_id"?, "model"?}
@@ -13,32 +27,44 @@
 //        The session comes from the X-Session-Id header, else the body's
 //        "session_id" (or "user"); without one each request is its own
 //        session. A "model" listed with --lora salts the hash chain, so
-//        adapters never share cached blocks.
+//        adapters never share cached blocks. The answer's "kvc" object
+//        says how the turn was routed.
+//   DELETE /v1/sessions/{id}   the session is over: the gateway forgets it;
+//        under an affinity policy the policy frees its memory (held first
+//        turns may go in) and the instances that served it get /close_session.
 //   GET  /metrics              Prometheus text format
-//   GET  /debug/index          the router's residency per decode worker (JSON)
+//   GET  /debug/index          kvc: the router's residency per decode worker;
+//                              affinity: loads, live contexts, the queue (JSON)
 //   GET  /health
-// The n-th --kv-events (PUB endpoint, optional replay endpoint) belongs to
-// the n-th --decode worker; with events on, the router's index holds what
-// the engines report (placements are not learned optimistically).
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "kvc_engine/gateway_support.hpp"
 #include "kvc_engine/http_transport.hpp"
 #include "kvc_engine/zmq_subscriber.hpp"
 #include "kvc_router/kvc_router.hpp"
+#include "kvc_router/policy/affinity_policies.hpp"
+#include "kvc_router/policy/load_ledger.hpp"
 
 namespace {
 
@@ -50,33 +76,132 @@ struct SessionState {
   std::optional<SessionHasher> hasher;
   BlockHash root = kChainRootHash;
   std::vector<TokenId> context;  // prompt + answer of the last turn
+  std::vector<WorkerId> served;  // instances that ran its turns (to close it there)
 };
 
-class Gateway {
+// One completion request, parsed.
+struct Turn {
+  bool chat = false;
+  std::vector<TokenId> tokens;
+  uint32_t max_tokens = 0;
+  std::string model;
+  BlockHash root = kChainRootHash;
+  std::string session_key;
+  SessionId session = 0;
+};
+
+// What both gateways share: parsing, sessions, hashing, the answer.
+class GatewayBase {
  public:
-  Gateway(std::unique_ptr<RoutingState<KvEventIndex>> state,
-          std::unique_ptr<engine::HttpWorkerTransport> transport,
-          std::unique_ptr<engine::Tokenizer> tokenizer, absl::flat_hash_set<std::string> loras,
-          uint32_t default_max_tokens)
-      : state_(std::move(state)),
-        transport_(std::move(transport)),
+  GatewayBase(std::unique_ptr<engine::HttpWorkerTransport> transport,
+              std::unique_ptr<engine::Tokenizer> tokenizer,
+              absl::flat_hash_set<std::string> loras, uint32_t block_tokens,
+              uint32_t default_max_tokens)
+      : transport_(std::move(transport)),
         tokenizer_(std::move(tokenizer)),
         loras_(std::move(loras)),
+        block_tokens_(block_tokens),
         default_max_tokens_(default_max_tokens) {}
-
-  void set_subscriber(std::unique_ptr<engine::KvEventSubscriber> subscriber) {
-    subscriber_ = std::move(subscriber);
-  }
+  virtual ~GatewayBase() = default;
 
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    absl::StatusOr<Turn> turn = Parse(req, chat);
+    if (!turn.ok()) return Fail(res, 400, std::string(turn.status().message()));
+    std::shared_ptr<SessionState> s = SessionOf(turn->session, /*create=*/true);
+    absl::MutexLock session_lock(&s->mu);
+    const bool continues = s->hasher.has_value() && s->root == turn->root &&
+                           turn->tokens.size() >= s->context.size() &&
+                           std::equal(s->context.begin(), s->context.end(), turn->tokens.begin());
+    if (!continues) {
+      // A new conversation (or one that diverged): a fresh chain.
+      s->hasher = *SessionHasher::Create(turn->session, block_tokens_, turn->root);
+      s->root = turn->root;
+      s->context.clear();
+    }
+    Serve(*turn, *s, res);
+  }
+
+  // DELETE /v1/sessions/{id}: the client says the session is over.
+  void Close(const std::string& session_key, httplib::Response& res) {
+    const SessionId session = XXH3_64bits_withSeed(session_key.data(), session_key.size(), 0);
+    std::shared_ptr<SessionState> s = SessionOf(session, /*create=*/false);
+    if (s == nullptr) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
+    json out = {{"session", session_key}, {"closed", true}};
+    {
+      absl::MutexLock session_lock(&s->mu);  // after its turn in flight, if any
+      CloseSession(session, *s, out);
+    }
+    {
+      absl::MutexLock lock(&sessions_mu_);
+      sessions_.erase(session);
+    }
+    res.set_content(out.dump(), "application/json");
+  }
+
+  virtual std::string Metrics() const = 0;
+  virtual json DebugIndex() const = 0;
+
+ protected:
+  // Routes and runs one turn of `s` (whose lock is held) and answers it.
+  virtual void Serve(const Turn& turn, SessionState& s, httplib::Response& res) = 0;
+  // The policy's and the workers' share of closing a session.
+  virtual void CloseSession(SessionId session, SessionState& s, json& out) = 0;
+
+  static void Fail(httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(json{{"error", {{"message", message}}}}.dump(), "application/json");
+  }
+
+  static std::vector<TokenId> OutputOf(const json& answer) {
+    std::vector<TokenId> output;
+    if (answer.contains("output_token_ids") && answer["output_token_ids"].is_array()) {
+      for (const json& t : answer["output_token_ids"]) {
+        if (t.is_number_unsigned()) output.push_back(t.get<TokenId>());
+      }
+    }
+    return output;
+  }
+
+  // The OpenAI-style answer; `kvc` says how it was routed.
+  void Answer(const Turn& turn, const std::vector<TokenId>& output, json kvc,
+              httplib::Response& res) {
+    const std::string completion = tokenizer_->Decode(output);
+    json choice = {{"index", 0}, {"finish_reason", "length"}};
+    if (turn.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", completion}};
+    } else {
+      choice["text"] = completion;
+    }
+    kvc["session"] = turn.session_key;
+    res.set_header("X-KVC-Mode", kvc["mode"].get<std::string>());
+    res.set_header("X-KVC-Decode-Worker", std::to_string(kvc["decode_worker"].get<WorkerId>()));
+    json out = {{"id", absl::StrCat(turn.chat ? "chatcmpl-" : "cmpl-", request_ids_++)},
+                {"object", turn.chat ? "chat.completion" : "text_completion"},
+                {"model", turn.model},
+                {"choices", json::array({choice})},
+                {"usage",
+                 {{"prompt_tokens", turn.tokens.size()},
+                  {"completion_tokens", output.size()},
+                  {"total_tokens", turn.tokens.size() + output.size()}}},
+                {"kvc", std::move(kvc)}};
+    res.set_content(out.dump(), "application/json");
+  }
+
+  std::unique_ptr<engine::HttpWorkerTransport> transport_;
+  engine::GatewayMetrics metrics_;
+
+ private:
+  absl::StatusOr<Turn> Parse(const httplib::Request& req, bool chat) {
     json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object()) {
-      return Fail(res, 400, "the body must be a JSON object");
+      return absl::InvalidArgumentError("the body must be a JSON object");
     }
+    Turn turn;
+    turn.chat = chat;
     std::string text;
     if (chat) {
       absl::StatusOr<std::string> rendered = engine::RenderChat(body.value("messages", json()));
-      if (!rendered.ok()) return Fail(res, 400, std::string(rendered.status().message()));
+      if (!rendered.ok()) return rendered.status();
       text = *rendered;
     } else {
       const json prompt = body.value("prompt", json());
@@ -85,113 +210,69 @@ class Gateway {
       } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_string()) {
         text = prompt[0].get<std::string>();
       } else {
-        return Fail(res, 400, "\"prompt\" must be a string");
+        return absl::InvalidArgumentError("\"prompt\" must be a string");
       }
     }
     const json max_tokens_json = body.value("max_tokens", json(default_max_tokens_));
     if (!max_tokens_json.is_number_unsigned() || max_tokens_json.get<uint64_t>() == 0 ||
         max_tokens_json.get<uint64_t>() > 65536) {
-      return Fail(res, 400, "\"max_tokens\" must be in 1..65536");
+      return absl::InvalidArgumentError("\"max_tokens\" must be in 1..65536");
     }
-    const uint32_t max_tokens = max_tokens_json.get<uint32_t>();
-    const std::string model = body.value("model", std::string());
-    const BlockHash root = loras_.contains(model) ? ChainRootFor(model) : kChainRootHash;
-
-    std::string session_key = req.get_header_value("X-Session-Id");
-    if (session_key.empty() && body.contains("session_id")) {
-      session_key = body["session_id"].is_string() ? body["session_id"].get<std::string>()
-                                                   : body["session_id"].dump();
+    turn.max_tokens = max_tokens_json.get<uint32_t>();
+    turn.model = body.value("model", std::string());
+    turn.root = loras_.contains(turn.model) ? ChainRootFor(turn.model) : kChainRootHash;
+    turn.session_key = req.get_header_value("X-Session-Id");
+    if (turn.session_key.empty() && body.contains("session_id")) {
+      turn.session_key = body["session_id"].is_string() ? body["session_id"].get<std::string>()
+                                                        : body["session_id"].dump();
     }
-    if (session_key.empty() && body.contains("user") && body["user"].is_string()) {
-      session_key = body["user"].get<std::string>();
+    if (turn.session_key.empty() && body.contains("user") && body["user"].is_string()) {
+      turn.session_key = body["user"].get<std::string>();
     }
-    if (session_key.empty()) session_key = absl::StrCat("anonymous-", next_anonymous_++);
-    const SessionId session = XXH3_64bits_withSeed(session_key.data(), session_key.size(), 0);
-
-    std::shared_ptr<SessionState> s = SessionOf(session);
-    absl::MutexLock session_lock(&s->mu);
-    const std::vector<TokenId> tokens = tokenizer_->Encode(text);
-    const bool continues = s->hasher.has_value() && s->root == root &&
-                           tokens.size() >= s->context.size() &&
-                           std::equal(s->context.begin(), s->context.end(), tokens.begin());
-    if (!continues) {
-      // A new conversation (or one that diverged): a fresh chain.
-      s->hasher = *SessionHasher::Create(session, state_->config().block_tokens, root);
-      s->root = root;
-      s->context.clear();
-    }
-    const std::span<const TokenId> fresh =
-        std::span<const TokenId>(tokens).subspan(s->context.size());
-    const Request request = s->hasher->BeginTurn(fresh);
-
-    absl::StatusOr<DispatchOp<KvEventIndex>> op = StartDispatch(*state_, request);
-    if (!op.ok()) return Fail(res, 400, std::string(op.status().message()));
-    while (op->awaiting_admit()) {
-      const auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<AdmitResult> answer = transport_->Admit(op->admit_target(), op->admit_query());
-      metrics_.AdmissionAttempt(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      const AdmitResult result =
-          answer.ok() ? *answer : AdmitResult::Rejected(RejectReason::kWorkerUnavailable);
-      if (!result.admitted) metrics_.Rejection(result.reason);
-      if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) {
-        metrics_.Request(false);
-        return Fail(res, 502, std::string(fed.message()));
-      }
-    }
-    const Decision decision = op->decision();
-    metrics_.Decision(decision.mode);
-    engine::HttpWorkerTransport::Attachment attachment =
-        transport_->Attach(session, json{{"token_ids", tokens}, {"max_tokens", max_tokens}});
-    const absl::Status ran = RunDecision(*transport_, decision, request);
-    (void)op->Complete();
-    if (!ran.ok()) {
-      metrics_.Request(false);
-      s->hasher.reset();  // what the workers hold is unknown now
-      return Fail(res, 502, std::string(ran.message()));
-    }
-    const json answer = attachment.response();
-    std::vector<TokenId> output;
-    if (answer.contains("output_token_ids") && answer["output_token_ids"].is_array()) {
-      for (const json& t : answer["output_token_ids"]) {
-        if (t.is_number_unsigned()) output.push_back(t.get<TokenId>());
-      }
-    }
-    s->hasher->AppendContext(output);
-    s->context = tokens;
-    s->context.insert(s->context.end(), output.begin(), output.end());
-    metrics_.Request(true);
-
-    const std::string completion = tokenizer_->Decode(output);
-    json choice = {{"index", 0}, {"finish_reason", "length"}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", completion}};
-    } else {
-      choice["text"] = completion;
-    }
-    json out = {
-        {"id", absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_ids_++)},
-        {"object", chat ? "chat.completion" : "text_completion"},
-        {"model", model},
-        {"choices", json::array({choice})},
-        {"usage",
-         {{"prompt_tokens", tokens.size()},
-          {"completion_tokens", output.size()},
-          {"total_tokens", tokens.size() + output.size()}}},
-        {"kvc",
-         {{"session", session_key},
-          {"turn", request.turn},
-          {"mode", std::string(DecisionModeName(decision.mode))},
-          {"decode_worker", decision.decode},
-          {"prefill_worker", decision.prefill == kNoWorker ? json(nullptr) : json(decision.prefill)},
-          {"attempts", op->attempts()},
-          {"prefix_blocks", request.prefix_hashes.size()}}}};
-    res.set_header("X-KVC-Mode", std::string(DecisionModeName(decision.mode)));
-    res.set_header("X-KVC-Decode-Worker", std::to_string(decision.decode));
-    res.set_content(out.dump(), "application/json");
+    if (turn.session_key.empty()) turn.session_key = absl::StrCat("anonymous-", next_anonymous_++);
+    turn.session = XXH3_64bits_withSeed(turn.session_key.data(), turn.session_key.size(), 0);
+    turn.tokens = tokenizer_->Encode(text);
+    return turn;
   }
 
-  std::string Metrics() const {
+  std::shared_ptr<SessionState> SessionOf(SessionId session, bool create) {
+    absl::MutexLock lock(&sessions_mu_);
+    if (!create) {
+      auto it = sessions_.find(session);
+      return it == sessions_.end() ? nullptr : it->second;
+    }
+    std::shared_ptr<SessionState>& slot = sessions_[session];
+    if (slot == nullptr) slot = std::make_shared<SessionState>();
+    return slot;
+  }
+
+  std::unique_ptr<engine::Tokenizer> tokenizer_;
+  absl::flat_hash_set<std::string> loras_;
+  uint32_t block_tokens_;
+  uint32_t default_max_tokens_;
+  absl::Mutex sessions_mu_;
+  absl::flat_hash_map<SessionId, std::shared_ptr<SessionState>> sessions_;
+  std::atomic<uint64_t> next_anonymous_{0};
+  std::atomic<uint64_t> request_ids_{0};
+};
+
+// --policy kvc: the KVC-Router over prefill and decode workers that answer
+// the admission RPC.
+class KvcGateway final : public GatewayBase {
+ public:
+  KvcGateway(std::unique_ptr<RoutingState<KvEventIndex>> state,
+             std::unique_ptr<engine::HttpWorkerTransport> transport,
+             std::unique_ptr<engine::Tokenizer> tokenizer, absl::flat_hash_set<std::string> loras,
+             uint32_t default_max_tokens)
+      : GatewayBase(std::move(transport), std::move(tokenizer), std::move(loras),
+                    state->config().block_tokens, default_max_tokens),
+        state_(std::move(state)) {}
+
+  void set_subscriber(std::unique_ptr<engine::KvEventSubscriber> subscriber) {
+    subscriber_ = std::move(subscriber);
+  }
+
+  std::string Metrics() const override {
     std::vector<uint64_t> inflight;
     for (WorkerId d = 0; d < state_->num_decode_workers(); ++d) {
       inflight.push_back(state_->inflight(d));
@@ -222,11 +303,10 @@ class Gateway {
       absl::StrAppend(&extra, "kvc_kv_event_errors_total ", stats.decode_errors + stats.apply_errors,
                       "\n");
     }
-    std::vector<uint64_t> values(inflight.begin(), inflight.end());
-    return metrics_.Render(values, extra);
+    return metrics_.Render(inflight, extra);
   }
 
-  json DebugIndex() const {
+  json DebugIndex() const override {
     json workers = json::array();
     state_->ReadIndex([&](const KvEventIndex& index) {
       for (WorkerId d = 0; d < index.num_workers(); ++d) {
@@ -251,30 +331,287 @@ class Gateway {
     return out;
   }
 
+ protected:
+  void Serve(const Turn& turn, SessionState& s, httplib::Response& res) override {
+    const std::span<const TokenId> fresh =
+        std::span<const TokenId>(turn.tokens).subspan(s.context.size());
+    const Request request = s.hasher->BeginTurn(fresh);
+
+    absl::StatusOr<DispatchOp<KvEventIndex>> op = StartDispatch(*state_, request);
+    if (!op.ok()) return Fail(res, 400, std::string(op.status().message()));
+    while (op->awaiting_admit()) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<AdmitResult> answer = transport_->Admit(op->admit_target(), op->admit_query());
+      metrics_.AdmissionAttempt(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      const AdmitResult result =
+          answer.ok() ? *answer : AdmitResult::Rejected(RejectReason::kWorkerUnavailable);
+      if (!result.admitted) metrics_.Rejection(result.reason);
+      if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) {
+        metrics_.Request(false);
+        return Fail(res, 502, std::string(fed.message()));
+      }
+    }
+    const Decision decision = op->decision();
+    metrics_.Decision(decision.mode);
+    engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
+        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
+    const absl::Status ran = RunDecision(*transport_, decision, request);
+    (void)op->Complete();
+    if (!ran.ok()) {
+      metrics_.Request(false);
+      s.hasher.reset();  // what the workers hold is unknown now
+      return Fail(res, 502, std::string(ran.message()));
+    }
+    const std::vector<TokenId> output = OutputOf(attachment.response());
+    s.hasher->AppendContext(output);
+    s.context = turn.tokens;
+    s.context.insert(s.context.end(), output.begin(), output.end());
+    metrics_.Request(true);
+    Answer(turn, output,
+           {{"policy", "kvc"},
+            {"turn", request.turn},
+            {"mode", std::string(DecisionModeName(decision.mode))},
+            {"decode_worker", decision.decode},
+            {"prefill_worker",
+             decision.prefill == kNoWorker ? json(nullptr) : json(decision.prefill)},
+            {"attempts", op->attempts()},
+            {"prefix_blocks", request.prefix_hashes.size()}},
+           res);
+  }
+
+  // The decode worker keeps the session's KV until its own LRU evicts it;
+  // the gateway forgets the conversation.
+  void CloseSession(SessionId, SessionState&, json&) override {}
+
  private:
-  static void Fail(httplib::Response& res, int status, const std::string& message) {
-    res.status = status;
-    res.set_content(json{{"error", {{"message", message}}}}.dump(), "application/json");
-  }
-
-  std::shared_ptr<SessionState> SessionOf(SessionId session) {
-    absl::MutexLock lock(&sessions_mu_);
-    std::shared_ptr<SessionState>& slot = sessions_[session];
-    if (slot == nullptr) slot = std::make_shared<SessionState>();
-    return slot;
-  }
-
   std::unique_ptr<RoutingState<KvEventIndex>> state_;
-  std::unique_ptr<engine::HttpWorkerTransport> transport_;
-  std::unique_ptr<engine::Tokenizer> tokenizer_;
-  absl::flat_hash_set<std::string> loras_;
-  uint32_t default_max_tokens_;
   std::unique_ptr<engine::KvEventSubscriber> subscriber_;
-  engine::GatewayMetrics metrics_;
-  absl::Mutex sessions_mu_;
-  absl::flat_hash_map<SessionId, std::shared_ptr<SessionState>> sessions_;
-  std::atomic<uint64_t> next_anonymous_{0};
-  std::atomic<uint64_t> request_ids_{0};
+};
+
+// --policy ear (or another affinity rule): colocated instances that keep
+// each session's KV in their own cache, loads from a LoadLedger of what
+// this gateway sent, first turns queued while the policy holds them (load
+// control), sessions moved with their KV when the placement says so.
+class AffinityGateway final : public GatewayBase {
+ public:
+  AffinityGateway(std::unique_ptr<policy::AffinityPolicy> policy,
+                  std::unique_ptr<policy::LoadLedger> ledger,
+                  std::unique_ptr<engine::HttpWorkerTransport> transport,
+                  std::unique_ptr<engine::Tokenizer> tokenizer,
+                  absl::flat_hash_set<std::string> loras, uint32_t block_tokens,
+                  uint32_t default_max_tokens)
+      : GatewayBase(std::move(transport), std::move(tokenizer), std::move(loras), block_tokens,
+                    default_max_tokens),
+        policy_(std::move(policy)),
+        ledger_(std::move(ledger)) {}
+
+  std::string Metrics() const override {
+    std::vector<uint64_t> inflight;
+    std::string extra;
+    extra += "# HELP kvc_pending_prefill_tokens Prefill tokens sent and not yet answered, per "
+             "instance.\n";
+    extra += "# TYPE kvc_pending_prefill_tokens gauge\n";
+    for (WorkerId d = 0; d < ledger_->num_instances(); ++d) {
+      const policy::InstanceLoad load = ledger_->instance_load(d);
+      inflight.push_back(load.running_requests);
+      absl::StrAppend(&extra, "kvc_pending_prefill_tokens{worker=\"", d, "\"} ",
+                      load.pending_prefill_tokens, "\n");
+    }
+    std::lock_guard<std::mutex> lock(policy_mu_);
+    extra += "# HELP kvc_session_migrations_total Sessions moved with their KV (and moves that "
+             "failed).\n";
+    extra += "# TYPE kvc_session_migrations_total counter\n";
+    absl::StrAppend(&extra, "kvc_session_migrations_total{status=\"ok\"} ", migrations_ok_, "\n");
+    absl::StrAppend(&extra, "kvc_session_migrations_total{status=\"error\"} ", migrations_failed_,
+                    "\n");
+    extra += "# HELP kvc_held_first_turns_total First turns that waited in the load-control "
+             "queue.\n";
+    extra += "# TYPE kvc_held_first_turns_total counter\n";
+    absl::StrAppend(&extra, "kvc_held_first_turns_total ", held_turns_, "\n");
+    extra += "# HELP kvc_hold_wait_seconds_total Time first turns spent in that queue.\n";
+    extra += "# TYPE kvc_hold_wait_seconds_total counter\n";
+    absl::StrAppend(&extra, "kvc_hold_wait_seconds_total ", absl::StrFormat("%.6f", hold_wait_s_),
+                    "\n");
+    extra += "# HELP kvc_hold_queue_length First turns waiting in that queue now.\n";
+    extra += "# TYPE kvc_hold_queue_length gauge\n";
+    absl::StrAppend(&extra, "kvc_hold_queue_length ", queue_.size(), "\n");
+    extra += "# HELP kvc_live_context_tokens Context tokens of the sessions the policy counts "
+             "as live.\n";
+    extra += "# TYPE kvc_live_context_tokens gauge\n";
+    absl::StrAppend(&extra, "kvc_live_context_tokens ", policy_->live_context_tokens(), "\n");
+    return metrics_.Render(inflight, extra);
+  }
+
+  json DebugIndex() const override {
+    json instances = json::array();
+    std::lock_guard<std::mutex> lock(policy_mu_);
+    for (WorkerId d = 0; d < ledger_->num_instances(); ++d) {
+      const policy::InstanceLoad load = ledger_->instance_load(d);
+      instances.push_back({{"running_requests", load.running_requests},
+                           {"pending_prefill_tokens", load.pending_prefill_tokens},
+                           {"committed_tokens", policy_->committed_tokens(d)}});
+    }
+    return json{{"policy", std::string(policy_->name())},
+                {"instances", instances},
+                {"live_context_tokens", policy_->live_context_tokens()},
+                {"return_rate", policy_->return_rate()},
+                {"hold_queue_length", queue_.size()}};
+  }
+
+ protected:
+  void Serve(const Turn& turn, SessionState& s, httplib::Response& res) override {
+    const std::span<const TokenId> fresh =
+        std::span<const TokenId>(turn.tokens).subspan(s.context.size());
+    const uint64_t previous_context = s.context.size();
+    policy::PolicyRequest request;
+    request.request = s.hasher->BeginTurn(fresh);
+    request.input_tokens = s.hasher->total_tokens();
+    const std::vector<BlockHash> input_hashes(s.hasher->hashes().begin(),
+                                              s.hasher->hashes().end());
+    request.input_hashes = input_hashes;
+
+    double held_s = 0;
+    absl::StatusOr<policy::Placement> placement;
+    std::optional<policy::LoadLedger::Ticket> ticket;
+    {
+      std::unique_lock<std::mutex> lock(policy_mu_);
+      request.id = next_request_id_++;
+      if (request.request.turn == 0) held_s = WaitForRoom(lock, request);
+      placement = policy_->Place(request, *ledger_);
+      if (placement.ok()) {
+        absl::StatusOr<policy::LoadLedger::Ticket> booked = ledger_->Start(
+            *placement, request.input_tokens -
+                            std::min(request.input_tokens, placement->estimated_hit_tokens));
+        if (!booked.ok()) {
+          policy_->OnFinished(request, *placement, *ledger_);
+          placement = booked.status();
+        } else {
+          ticket.emplace(std::move(*booked));
+        }
+      }
+      queue_cv_.notify_all();  // the next first turn in the queue may go now
+    }
+    if (!placement.ok()) {
+      metrics_.Request(false);
+      s.hasher.reset();
+      return Fail(res, 400, std::string(placement.status().message()));
+    }
+    // OnFinished exactly once per placed turn, also when the transport
+    // throws (the ticket gives its load back by itself).
+    bool reported = false;
+    auto report_finished = [&] {
+      if (std::exchange(reported, true)) return;
+      std::lock_guard<std::mutex> lock(policy_mu_);
+      policy_->OnFinished(request, *placement, *ledger_);
+      queue_cv_.notify_all();
+    };
+    absl::Cleanup report_on_unwind = [&] { report_finished(); };
+    const WorkerId instance = placement->instance;
+    bool moved = false;
+    if (placement->migrate_from != kNoWorker) {
+      // The session's KV goes first; if the move fails the instance
+      // prefills the whole context instead.
+      moved = transport_->MoveSessionKv(placement->migrate_from, instance, turn.session).ok();
+      std::lock_guard<std::mutex> lock(policy_mu_);
+      ++(moved ? migrations_ok_ : migrations_failed_);
+    }
+    engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
+        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
+    const absl::Status ran = transport_->RunOnInstance(instance, request.request);
+    // Answers are not streamed here, so the prefill counts as pending until
+    // the answer; a streaming gateway calls FirstToken on the first chunk.
+    ticket->Finish();
+    if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
+      s.served.push_back(instance);
+    }
+    if (!ran.ok()) {
+      report_finished();  // no context learned
+      metrics_.Request(false);
+      s.hasher.reset();  // what the instance holds is unknown now
+      return Fail(res, 502, std::string(ran.message()));
+    }
+    const json answer = attachment.response();
+    const std::vector<TokenId> output = OutputOf(answer);
+    s.hasher->AppendContext(output);
+    request.context_hashes = s.hasher->hashes();
+    report_finished();
+    s.context = turn.tokens;
+    s.context.insert(s.context.end(), output.begin(), output.end());
+    // The mode from what the instance reports it held (as the simulator
+    // classifies): Direct when all of the previous context was cached.
+    DecisionMode mode = placement->mode;
+    if (request.request.turn > 0 && answer.contains("cached_tokens") &&
+        answer["cached_tokens"].is_number_unsigned()) {
+      mode = answer["cached_tokens"].get<uint64_t>() >= previous_context ? DecisionMode::kDirect
+                                                                          : DecisionMode::kReseed;
+    }
+    metrics_.Decision(mode);
+    metrics_.Request(true);
+    json kvc = {{"policy", std::string(policy_->name())},
+                {"turn", request.request.turn},
+                {"mode", std::string(DecisionModeName(mode))},
+                {"decode_worker", instance},
+                {"prefill_worker", nullptr},
+                {"migrated_from", placement->migrate_from == kNoWorker
+                                      ? json(nullptr)
+                                      : json(placement->migrate_from)},
+                {"migrated", moved},
+                {"held_s", held_s},
+                {"prefix_blocks", request.request.prefix_hashes.size()}};
+    if (answer.contains("cached_tokens")) kvc["cached_tokens"] = answer["cached_tokens"];
+    Answer(turn, output, std::move(kvc), res);
+  }
+
+  void CloseSession(SessionId session, SessionState& s, json& out) override {
+    {
+      std::lock_guard<std::mutex> lock(policy_mu_);
+      policy_->OnSessionClosed(session);
+      queue_cv_.notify_all();
+    }
+    json closed = json::array();
+    for (WorkerId instance : s.served) {
+      if (transport_->CloseSession(instance, session).ok()) closed.push_back(instance);
+    }
+    out["instances_closed"] = closed;
+  }
+
+ private:
+  // Load control: queues a first turn, oldest first, until the policy lets
+  // it in; rechecked when a request finishes, a session closes or every
+  // kHoldRecheckSeconds. Returns the seconds it waited.
+  double WaitForRoom(std::unique_lock<std::mutex>& lock, const policy::PolicyRequest& request) {
+    const double arrived_s = ledger_->now_s();
+    const uint64_t position = next_position_++;
+    queue_.push_back(position);
+    bool held = false;  // by the policy, or behind a turn it held
+    while (queue_.front() != position || policy_->HoldNewSession(request, *ledger_, arrived_s)) {
+      held = true;
+      queue_cv_.wait_for(lock, std::chrono::duration<double>(policy::kHoldRecheckSeconds));
+    }
+    queue_.pop_front();
+    const double waited = ledger_->now_s() - arrived_s;
+    if (held) {
+      ++held_turns_;
+      hold_wait_s_ += waited;
+    }
+    return held ? waited : 0.0;
+  }
+
+  // Guards the policy (not thread-safe) and everything below the ledger.
+  // std:: primitives rather than absl::CondVar, which the project's TSan
+  // build cannot see through (tests/tsan/absl_mutex_tsan_annotations.cpp).
+  mutable std::mutex policy_mu_;
+  std::condition_variable queue_cv_;  // a turn finished, a session closed
+  std::unique_ptr<policy::AffinityPolicy> policy_;
+  std::unique_ptr<policy::LoadLedger> ledger_;  // thread-safe on its own
+  std::deque<uint64_t> queue_;                  // first turns waiting, oldest first
+  uint64_t next_position_ = 0;
+  uint64_t next_request_id_ = 0;
+  uint64_t held_turns_ = 0;
+  double hold_wait_s_ = 0;
+  uint64_t migrations_ok_ = 0;
+  uint64_t migrations_failed_ = 0;
 };
 
 }  // namespace
@@ -283,89 +620,163 @@ int main(int argc, char** argv) {
   CLI::App app{"kvc-gateway: an OpenAI-style gateway routing with kvc_router"};
   std::string host = "127.0.0.1";
   int port = 0;
-  std::vector<std::string> decode_urls, prefill_urls, kv_events, loras;
+  std::string policy_name = "kvc";
+  std::vector<std::string> decode_urls, prefill_urls, instance_urls, kv_events, loras;
   RouterConfig config;
   config.block_tokens = 16;
   uint32_t max_tokens = 16;
+  policy::AffinityPolicyOptions affinity;
+  affinity.rule = policy::AffinityRule::kEar;
   app.add_option("--host", host, "address to listen on")->capture_default_str();
   app.add_option("--port", port, "HTTP port")->required();
-  app.add_option("--decode", decode_urls, "decode worker URL (repeatable; order = worker id)")
-      ->required();
-  app.add_option("--prefill", prefill_urls, "prefill worker URL (repeatable)");
+  app.add_option("--policy", policy_name,
+                 "kvc (prefill + decode workers with the admission RPC) or an affinity policy "
+                 "over colocated --instance workers: ear (recommended), unified, sticky, "
+                 "lmetric, load-only")
+      ->capture_default_str();
+  app.add_option("--decode", decode_urls, "kvc: decode worker URL (repeatable; order = worker id)");
+  app.add_option("--prefill", prefill_urls, "kvc: prefill worker URL (repeatable)");
   app.add_option("--kv-events", kv_events,
-                 "PUB[,REPLAY] endpoints of the n-th decode worker's KV events (repeatable)");
+                 "kvc: PUB[,REPLAY] endpoints of the n-th decode worker's KV events (repeatable)");
+  app.add_option("--instance", instance_urls,
+                 "affinity policies: colocated instance URL (repeatable; order = instance id)");
   app.add_option("--block-tokens", config.block_tokens,
                  "tokens per block: the engines' block size")
       ->capture_default_str();
-  app.add_option("--sticky-bonus", config.sticky_bonus, "alpha")->capture_default_str();
-  app.add_option("--reject-threshold", config.reject_threshold, "tau_reject")->capture_default_str();
-  app.add_option("--max-admit-attempts", config.max_admit_attempts, "epsilon (0 = |D|)")
+  app.add_option("--sticky-bonus", config.sticky_bonus, "kvc: alpha")->capture_default_str();
+  app.add_option("--reject-threshold", config.reject_threshold, "kvc: tau_reject")
+      ->capture_default_str();
+  app.add_option("--max-admit-attempts", config.max_admit_attempts, "kvc: epsilon (0 = |D|)")
+      ->capture_default_str();
+  app.add_option("--kv-capacity-tokens", affinity.kv_capacity_tokens,
+                 "affinity: each instance's KV pool in tokens (K_d; 0 = unknown: no memory "
+                 "trigger, no load control)")
+      ->capture_default_str();
+  app.add_option("--hot-prefill-tokens", affinity.hot_prefill_tokens,
+                 "ear: T_hot, pending prefill tokens that make an instance hot")
+      ->capture_default_str();
+  app.add_option("--migration-cooldown", affinity.migration_cooldown_s,
+                 "ear: seconds between two moves of one session")
+      ->capture_default_str();
+  app.add_option("--session-idle", affinity.session_idle_s,
+                 "ear: seconds after which an idle session stops counting as live (0 = learned "
+                 "from the gaps between turns)")
+      ->capture_default_str();
+  app.add_option("--hold-new-sessions", affinity.hold_new_sessions,
+                 "ear: queue first turns while live contexts fill the KV (load control)")
+      ->capture_default_str();
+  app.add_option("--hold-memory-fraction", affinity.hold_memory_fraction,
+                 "ear: share of the cluster's KV the live contexts may fill")
+      ->capture_default_str();
+  app.add_option("--max-hold", affinity.max_hold_s, "ear: longest wait of a first turn, seconds")
       ->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "default max_tokens")->capture_default_str();
   app.add_option("--lora", loras, "a LoRA adapter name requests may ask for as \"model\"");
   CLI11_PARSE(app, argc, argv);
+  auto usage_error = [](const std::string& message) {
+    std::cerr << "kvc-gateway: " << message << "\n";
+    return 2;
+  };
 
-  config.num_decode_workers = static_cast<uint32_t>(decode_urls.size());
-  config.num_prefill_workers = static_cast<uint32_t>(prefill_urls.size());
-  if (!kv_events.empty() && kv_events.size() != decode_urls.size()) {
-    std::cerr << "kvc-gateway: give one --kv-events per --decode worker (" << decode_urls.size()
-              << "), got " << kv_events.size() << "\n";
-    return 2;
-  }
-  KvEventIndex::Options index_options;
-  index_options.block_tokens = config.block_tokens;
-  index_options.learn_placements = kv_events.empty();
-  absl::StatusOr<KvEventIndex> index = KvEventIndex::Create(config.num_decode_workers, index_options);
-  if (!index.ok()) {
-    std::cerr << "kvc-gateway: " << index.status().message() << "\n";
-    return 2;
-  }
-  auto state = RoutingState<KvEventIndex>::Create(config, std::move(*index));
-  if (!state.ok()) {
-    std::cerr << "kvc-gateway: " << state.status().message() << "\n";
-    return 2;
-  }
-  auto transport = engine::HttpWorkerTransport::Create(
-      {.decode_urls = decode_urls, .prefill_urls = prefill_urls});
-  if (!transport.ok()) {
-    std::cerr << "kvc-gateway: " << transport.status().message() << "\n";
-    return 2;
-  }
-  RoutingState<KvEventIndex>& routing = **state;
-  Gateway gateway(std::move(*state), std::move(*transport),
-                  std::make_unique<engine::ByteTokenizer>(),
-                  absl::flat_hash_set<std::string>(loras.begin(), loras.end()), max_tokens);
-  if (!kv_events.empty()) {
-    std::vector<engine::EventSource> sources;
-    for (size_t d = 0; d < kv_events.size(); ++d) {
-      std::vector<std::string> parts = absl::StrSplit(kv_events[d], ',');
-      engine::EventSource source;
-      source.endpoint = parts[0];
-      if (parts.size() > 1) source.replay_endpoint = parts[1];
-      source.ranks = {{0, static_cast<WorkerId>(d)}};
-      sources.push_back(std::move(source));
+  std::unique_ptr<GatewayBase> gateway;
+  if (policy_name == "kvc") {
+    if (decode_urls.empty()) return usage_error("--policy kvc needs at least one --decode worker");
+    if (!instance_urls.empty()) {
+      return usage_error("--instance is for the affinity policies (e.g. --policy ear)");
     }
-    auto subscriber = engine::KvEventSubscriber::Create(sources, engine::SinkFor(routing));
-    if (!subscriber.ok()) {
-      std::cerr << "kvc-gateway: " << subscriber.status().message() << "\n";
-      return 2;
+    config.num_decode_workers = static_cast<uint32_t>(decode_urls.size());
+    config.num_prefill_workers = static_cast<uint32_t>(prefill_urls.size());
+    if (!kv_events.empty() && kv_events.size() != decode_urls.size()) {
+      return usage_error(absl::StrCat("give one --kv-events per --decode worker (",
+                                      decode_urls.size(), "), got ", kv_events.size()));
     }
-    (*subscriber)->Start();
-    gateway.set_subscriber(std::move(*subscriber));
+    KvEventIndex::Options index_options;
+    index_options.block_tokens = config.block_tokens;
+    index_options.learn_placements = kv_events.empty();
+    absl::StatusOr<KvEventIndex> index =
+        KvEventIndex::Create(config.num_decode_workers, index_options);
+    if (!index.ok()) return usage_error(std::string(index.status().message()));
+    auto state = RoutingState<KvEventIndex>::Create(config, std::move(*index));
+    if (!state.ok()) return usage_error(std::string(state.status().message()));
+    auto transport = engine::HttpWorkerTransport::Create(
+        {.decode_urls = decode_urls, .prefill_urls = prefill_urls});
+    if (!transport.ok()) return usage_error(std::string(transport.status().message()));
+    RoutingState<KvEventIndex>& routing = **state;
+    auto kvc = std::make_unique<KvcGateway>(
+        std::move(*state), std::move(*transport), std::make_unique<engine::ByteTokenizer>(),
+        absl::flat_hash_set<std::string>(loras.begin(), loras.end()), max_tokens);
+    if (!kv_events.empty()) {
+      std::vector<engine::EventSource> sources;
+      for (size_t d = 0; d < kv_events.size(); ++d) {
+        std::vector<std::string> parts = absl::StrSplit(kv_events[d], ',');
+        engine::EventSource source;
+        source.endpoint = parts[0];
+        if (parts.size() > 1) source.replay_endpoint = parts[1];
+        source.ranks = {{0, static_cast<WorkerId>(d)}};
+        sources.push_back(std::move(source));
+      }
+      auto subscriber = engine::KvEventSubscriber::Create(sources, engine::SinkFor(routing));
+      if (!subscriber.ok()) return usage_error(std::string(subscriber.status().message()));
+      (*subscriber)->Start();
+      kvc->set_subscriber(std::move(*subscriber));
+    }
+    gateway = std::move(kvc);
+  } else {
+    std::optional<policy::AffinityRule> rule;
+    for (policy::AffinityRule r :
+         {policy::AffinityRule::kLoadOnly, policy::AffinityRule::kLMetric,
+          policy::AffinityRule::kSticky, policy::AffinityRule::kUnified,
+          policy::AffinityRule::kEar}) {
+      if (policy::AffinityRuleName(r) == policy_name) rule = r;
+    }
+    if (!rule.has_value()) {
+      return usage_error(absl::StrCat("unknown --policy \"", policy_name,
+                                      "\" (kvc, ear, unified, sticky, lmetric, load-only)"));
+    }
+    if (instance_urls.empty()) {
+      return usage_error(absl::StrCat("--policy ", policy_name, " needs --instance workers"));
+    }
+    if (!decode_urls.empty() || !prefill_urls.empty() || !kv_events.empty()) {
+      return usage_error(absl::StrCat(
+          "--policy ", policy_name,
+          " runs colocated --instance workers and learns their caches from its own "
+          "placements; --decode, --prefill and --kv-events are for --policy kvc"));
+    }
+    affinity.rule = *rule;
+    affinity.instances = static_cast<uint32_t>(instance_urls.size());
+    affinity.block_tokens = config.block_tokens;
+    auto created = policy::AffinityPolicy::Create(affinity);
+    if (!created.ok()) return usage_error(std::string(created.status().message()));
+    auto ledger = policy::LoadLedger::Create(policy::Topology::kColocated, affinity.instances, 0);
+    if (!ledger.ok()) return usage_error(std::string(ledger.status().message()));
+    auto transport = engine::HttpWorkerTransport::Create({.decode_urls = instance_urls});
+    if (!transport.ok()) return usage_error(std::string(transport.status().message()));
+    gateway = std::make_unique<AffinityGateway>(
+        std::move(*created), std::move(*ledger), std::move(*transport),
+        std::make_unique<engine::ByteTokenizer>(),
+        absl::flat_hash_set<std::string>(loras.begin(), loras.end()), config.block_tokens,
+        max_tokens);
   }
 
   httplib::Server server;
+  // First turns held by load control wait on a server thread; enough
+  // threads that the requests which free memory (later turns, closes) are
+  // still served while many wait.
+  server.new_task_queue = [] { return new httplib::ThreadPool(256); };
   server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    gateway.Handle(req, res, /*chat=*/false);
+    gateway->Handle(req, res, /*chat=*/false);
   });
   server.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    gateway.Handle(req, res, /*chat=*/true);
+    gateway->Handle(req, res, /*chat=*/true);
+  });
+  server.Delete(R"(/v1/sessions/(.+))", [&](const httplib::Request& req, httplib::Response& res) {
+    gateway->Close(req.matches[1].str(), res);
   });
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(gateway.Metrics(), "text/plain; version=0.0.4");
+    res.set_content(gateway->Metrics(), "text/plain; version=0.0.4");
   });
   server.Get("/debug/index", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(gateway.DebugIndex().dump(), "application/json");
+    res.set_content(gateway->DebugIndex().dump(), "application/json");
   });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"ok\":true}", "application/json");
@@ -374,7 +785,8 @@ int main(int argc, char** argv) {
     std::cerr << "kvc-gateway: cannot listen on " << host << ":" << port << "\n";
     return 2;
   }
-  std::cout << "kvc-gateway: listening on " << host << ":" << port << std::endl;
+  std::cout << "kvc-gateway: listening on " << host << ":" << port << " (policy " << policy_name
+            << ")" << std::endl;
   server.listen_after_bind();
   return 0;
 }

@@ -4,7 +4,13 @@
 // routes of kvc_engine/http_transport.hpp), takes its timing from the
 // simulator's cost model (scaled by --time-scale) and publishes its KV
 // events in vLLM's wire format (PUB + replay ROUTER). A prefill worker only
-// answers /prefill.
+// answers /prefill. An instance (--role instance) is a colocated engine
+// like SGLang with its radix cache, for gateways running the affinity
+// policies (`kvc-gateway --policy ear`): no admission RPC; /generate
+// serves from whatever the session left in the pool and keeps its context
+// afterwards, evicting the least recently used idle sessions past
+// --capacity-tokens; /migrate_kv pulls a session's KV from another
+// instance (a stand-in for a KV connector), and /close_session drops it.
 //
 //   kvc-worker-emulator --role decode --port 30001 --capacity-tokens 20000
 //       --block-size 16 --kv-events tcp://127.0.0.1:5557 --kv-replay tcp://127.0.0.1:5558
@@ -41,11 +47,24 @@ namespace {
 using namespace kvc_router;
 using nlohmann::json;
 
+bool Tokens(const json& body, std::vector<TokenId>& out) {
+  if (!body.contains("token_ids")) return true;
+  if (!body["token_ids"].is_array()) return false;
+  for (const json& t : body["token_ids"]) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() > UINT32_MAX) return false;
+    out.push_back(static_cast<TokenId>(t.get<uint64_t>()));
+  }
+  return true;
+}
+
 class Worker {
  public:
   Worker(AdmissionController admit, sim::CostModel cost, double time_scale, uint32_t block_size,
-         std::unique_ptr<engine::KvEventPublisher> publisher)
-      : admit_(std::move(admit)),
+         std::unique_ptr<engine::KvEventPublisher> publisher, bool cache_role,
+         uint64_t cache_capacity_tokens)
+      : cache_role_(cache_role),
+        cache_capacity_tokens_(cache_capacity_tokens),
+        admit_(std::move(admit)),
         cost_(cost),
         time_scale_(time_scale),
         block_size_(block_size),
@@ -92,10 +111,8 @@ class Worker {
       seconds += cost_.DecodeStepSeconds(batch, context.size() + i);
     }
     Sleep(seconds);
-    std::string text = "[s" + std::to_string(session) + " t" + std::to_string(turn) + "]";
-    while (text.size() < max_tokens) text += " ok";
-    text.resize(max_tokens);
-    std::vector<TokenId> output(text.begin(), text.end());
+    std::vector<TokenId> output = Answer(session, turn, max_tokens);
+    const std::string text(output.begin(), output.end());
     absl::MutexLock lock(&mu_);
     --running_;
     ++generated_;
@@ -116,6 +133,85 @@ class Worker {
                 {"seconds", seconds}};
   }
 
+  // Instance role: serve from the session's cached context, keep it after.
+  json GenerateCached(SessionId session, uint32_t turn, const std::vector<TokenId>& context,
+                      uint32_t max_tokens) {
+    uint64_t cached = 0;
+    uint64_t batch = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = kv_.find(session);
+      if (it != kv_.end()) cached = CommonPrefix(it->second.tokens, context);
+      ++busy_[session];
+      batch = ++running_;
+    }
+    const uint64_t fresh = context.size() - cached;
+    double seconds = fresh > 0 ? cost_.PrefillSeconds(fresh, cached) : 0.0;
+    for (uint32_t i = 0; i < max_tokens; ++i) {
+      seconds += cost_.DecodeStepSeconds(batch, context.size() + i);
+    }
+    Sleep(seconds);
+    std::vector<TokenId> output = Answer(session, turn, max_tokens);
+    std::vector<TokenId> full = context;
+    full.insert(full.end(), output.begin(), output.end());
+    absl::MutexLock lock(&mu_);
+    --running_;
+    ++generated_;
+    if (--busy_[session] == 0) busy_.erase(session);
+    KeepCachedLocked(session, std::move(full));
+    return json{{"text", std::string(output.begin(), output.end())},
+                {"output_token_ids", output},
+                {"cached_tokens", cached},
+                {"prefill_tokens", fresh},
+                {"seconds", seconds}};
+  }
+
+  // Instance role: what this instance holds of `session` (its tokens), for
+  // another instance pulling it; the local copy becomes the first thing
+  // evicted, as after an engine's KV send.
+  json ExportKv(SessionId session) {
+    absl::MutexLock lock(&mu_);
+    auto it = kv_.find(session);
+    if (it == kv_.end()) return json{{"token_ids", json::array()}};
+    last_use_[session] = 0;
+    ++migrations_out_;
+    return json{{"token_ids", it->second.tokens}};
+  }
+
+  // Instance role: pulls `session`'s KV from the instance at `source`.
+  json MigrateIn(SessionId session, const std::string& source) {
+    httplib::Client client(source);
+    client.set_connection_timeout(std::chrono::seconds(2));
+    client.set_read_timeout(std::chrono::seconds(30));
+    httplib::Result result =
+        client.Post("/export_kv", json{{"session_id", session}}.dump(), "application/json");
+    if (!result || result->status != 200) {
+      return json{{"error", "the source instance did not answer /export_kv"}};
+    }
+    const json body = json::parse(result->body, nullptr, false);
+    std::vector<TokenId> tokens;
+    if (body.is_discarded() || !Tokens(body, tokens)) {
+      return json{{"error", "the source instance sent no token_ids"}};
+    }
+    if (!tokens.empty()) Sleep(cost_.TransferSeconds(tokens.size()));
+    absl::MutexLock lock(&mu_);
+    ++migrations_in_;
+    const uint64_t moved = tokens.size();
+    if (!tokens.empty()) KeepCachedLocked(session, std::move(tokens));
+    return json{{"ok", true}, {"moved_tokens", moved}};
+  }
+
+  json CloseSession(SessionId session) {
+    absl::MutexLock lock(&mu_);
+    const bool held = kv_.contains(session);
+    if (held) {
+      cached_tokens_ -= kv_[session].tokens.size();
+      DropSessionKvLocked(session);
+      last_use_.erase(session);
+    }
+    return json{{"ok", true}, {"dropped", held}};
+  }
+
   json ReceiveKv(SessionId session, const std::vector<TokenId>& context) {
     Sleep(cost_.TransferSeconds(context.size()));
     absl::MutexLock lock(&mu_);
@@ -133,6 +229,17 @@ class Worker {
 
   json Stats() {
     absl::MutexLock lock(&mu_);
+    if (cache_role_) {
+      return json{{"sessions", kv_.size()},
+                  {"used_tokens", cached_tokens_},
+                  {"capacity_tokens", cache_capacity_tokens_},
+                  {"resident_blocks", block_refs_.size()},
+                  {"evictions", evictions_},
+                  {"generated", generated_},
+                  {"migrations_in", migrations_in_},
+                  {"migrations_out", migrations_out_},
+                  {"published_batches", publisher_ ? publisher_->published() : 0}};
+    }
     return json{{"sessions", admit_.num_sessions()},
                 {"used_tokens", admit_.used_tokens()},
                 {"budget_tokens", admit_.budget_tokens()},
@@ -150,6 +257,48 @@ class Worker {
     std::vector<TokenId> tokens;
     std::vector<BlockHash> blocks;  // engine hashes of its full blocks
   };
+
+  // Keeps `tokens` as `session`'s context, evicting least recently used
+  // idle sessions while the pool would pass its capacity; a context that
+  // cannot fit even then is not kept.
+  void KeepCachedLocked(SessionId session, std::vector<TokenId> tokens) {
+    auto held = kv_.find(session);
+    const uint64_t before = held != kv_.end() ? held->second.tokens.size() : 0;
+    const uint64_t capacity = cache_capacity_tokens_;
+    while (cached_tokens_ - before + tokens.size() > capacity) {
+      SessionId victim = 0;
+      uint64_t oldest = UINT64_MAX;
+      for (const auto& [other, used] : last_use_) {
+        if (other != session && !busy_.contains(other) && used < oldest) {
+          oldest = used;
+          victim = other;
+        }
+      }
+      if (oldest == UINT64_MAX) break;
+      cached_tokens_ -= kv_[victim].tokens.size();
+      DropSessionKvLocked(victim);
+      last_use_.erase(victim);
+      ++evictions_;
+    }
+    if (cached_tokens_ - before + tokens.size() > capacity) {
+      if (held != kv_.end()) {
+        cached_tokens_ -= before;
+        DropSessionKvLocked(session);
+        last_use_.erase(session);
+      }
+      return;
+    }
+    cached_tokens_ += tokens.size() - before;
+    last_use_[session] = ++use_clock_;
+    SetSessionKvLocked(session, std::move(tokens));
+  }
+
+  static std::vector<TokenId> Answer(SessionId session, uint32_t turn, uint32_t max_tokens) {
+    std::string text = "[s" + std::to_string(session) + " t" + std::to_string(turn) + "]";
+    while (text.size() < max_tokens) text += " ok";
+    text.resize(max_tokens);
+    return std::vector<TokenId>(text.begin(), text.end());
+  }
 
   static uint64_t CommonPrefix(const std::vector<TokenId>& a, const std::vector<TokenId>& b) {
     uint64_t n = 0;
@@ -235,8 +384,10 @@ class Worker {
     publisher_->Publish(events, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   }
 
+  const bool cache_role_;
+  const uint64_t cache_capacity_tokens_;  // instance role: K_d
   absl::Mutex mu_;
-  AdmissionController admit_;
+  AdmissionController admit_;  // decode role: Algorithm 2 and its pool
   sim::CostModel cost_;
   double time_scale_;
   uint32_t block_size_;
@@ -244,6 +395,14 @@ class Worker {
   std::unique_ptr<engine::KvEventPublisher> publisher_;
   absl::flat_hash_map<SessionId, SessionKv> kv_;
   absl::flat_hash_map<BlockHash, uint32_t> block_refs_;
+  // Instance role: the pool's size in tokens (a context per session, shared
+  // blocks counted once per session), each session's last use (0 = sent
+  // away: evicted first) and requests in flight.
+  uint64_t cached_tokens_ = 0;
+  uint64_t use_clock_ = 0;
+  absl::flat_hash_map<SessionId, uint64_t> last_use_;
+  absl::flat_hash_map<SessionId, uint32_t> busy_;
+  uint64_t migrations_in_ = 0, migrations_out_ = 0;
   uint64_t running_ = 0;
   uint64_t evictions_ = 0, admissions_ = 0, rejections_ = 0, generated_ = 0, prefills_ = 0;
 };
@@ -263,20 +422,10 @@ json Body(const httplib::Request& req, httplib::Response& res) {
   return body;
 }
 
-bool Tokens(const json& body, std::vector<TokenId>& out) {
-  if (!body.contains("token_ids")) return true;
-  if (!body["token_ids"].is_array()) return false;
-  for (const json& t : body["token_ids"]) {
-    if (!t.is_number_unsigned() || t.get<uint64_t>() > UINT32_MAX) return false;
-    out.push_back(static_cast<TokenId>(t.get<uint64_t>()));
-  }
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"kvc-worker-emulator: a GPU-less prefill or decode worker for gateway tests"};
+  CLI::App app{"kvc-worker-emulator: a GPU-less prefill, decode or colocated worker for gateway tests"};
   std::string role = "decode";
   std::string host = "127.0.0.1";
   int port = 0;
@@ -285,8 +434,8 @@ int main(int argc, char** argv) {
   double time_scale = 0.01;
   std::string events_endpoint, replay_endpoint, topic;
   size_t buffer_steps = 10000;
-  app.add_option("--role", role, "decode or prefill")
-      ->check(CLI::IsMember({"decode", "prefill"}))
+  app.add_option("--role", role, "decode, prefill or instance (colocated, cache-keeping)")
+      ->check(CLI::IsMember({"decode", "prefill", "instance"}))
       ->capture_default_str();
   app.add_option("--host", host, "address to listen on")->capture_default_str();
   app.add_option("--port", port, "HTTP port")->required();
@@ -326,7 +475,7 @@ int main(int argc, char** argv) {
     publisher = std::move(*created);
   }
   Worker worker(std::move(*admit), sim::CostModel::LoopbackTcp(), time_scale, block_size,
-                std::move(publisher));
+                std::move(publisher), role == "instance", admission.capacity_tokens);
 
   httplib::Server server;
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -344,6 +493,51 @@ int main(int argc, char** argv) {
     if (!Tokens(body, tokens)) return Reply(res, json{{"error", "bad token_ids"}}, 400);
     Reply(res, worker.Prefill(tokens));
   });
+  // Reads a body with a session_id (and token_ids, if any); false after
+  // answering 400.
+  auto session_body = [](const httplib::Request& req, httplib::Response& res, json& body,
+                         std::vector<TokenId>& tokens) {
+    body = Body(req, res);
+    if (body.is_discarded()) return false;
+    if (!Tokens(body, tokens) || !body.value("session_id", json()).is_number_unsigned()) {
+      Reply(res, json{{"error", "need session_id and token_ids"}}, 400);
+      return false;
+    }
+    return true;
+  };
+  if (role == "instance") {
+    server.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
+      json body;
+      std::vector<TokenId> tokens;
+      if (!session_body(req, res, body, tokens)) return;
+      Reply(res, worker.GenerateCached(body["session_id"].get<uint64_t>(), body.value("turn", 0u),
+                                       tokens, body.value("max_tokens", 16u)));
+    });
+    server.Post("/export_kv", [&](const httplib::Request& req, httplib::Response& res) {
+      json body;
+      std::vector<TokenId> tokens;
+      if (!session_body(req, res, body, tokens)) return;
+      Reply(res, worker.ExportKv(body["session_id"].get<uint64_t>()));
+    });
+    server.Post("/migrate_kv", [&](const httplib::Request& req, httplib::Response& res) {
+      json body;
+      std::vector<TokenId> tokens;
+      if (!session_body(req, res, body, tokens)) return;
+      const std::string source = body.value("from", std::string());
+      if (source.rfind("http://", 0) != 0) {
+        return Reply(res, json{{"error", "\"from\" must be the source instance's http:// URL"}},
+                     400);
+      }
+      json answer = worker.MigrateIn(body["session_id"].get<uint64_t>(), source);
+      Reply(res, answer, answer.contains("error") ? 502 : 200);
+    });
+    server.Post("/close_session", [&](const httplib::Request& req, httplib::Response& res) {
+      json body;
+      std::vector<TokenId> tokens;
+      if (!session_body(req, res, body, tokens)) return;
+      Reply(res, worker.CloseSession(body["session_id"].get<uint64_t>()));
+    });
+  }
   if (role == "decode") {
     server.Post("/admit_direct_append", [&](const httplib::Request& req, httplib::Response& res) {
       json body = Body(req, res);

@@ -17,6 +17,14 @@
 //   POST {prefill}/prefill     {"session_id", "turn", ...payload}
 //   POST {decode}/receive_kv   {"session_id", "turn", "prefill", ...payload}
 //
+// Colocated instances (the affinity policies, `ear`; give their URLs as
+// `decode_urls`) keep each session's KV in their own cache; a gateway calls
+//   POST {instance}/generate      {"session_id", "turn", "mode": "cache", ...payload}
+//   POST {target}/migrate_kv      {"session_id", "from": "{source URL}"}
+//        the target pulls the session's KV from the source (the emulator's
+//        stand-in for a KV connector such as Mooncake's transfer engine);
+//   POST {instance}/close_session {"session_id"}   (SGLang's route of that name)
+//
 // `...payload` is what the caller attaches to the request with `Attach`
 // (prompt token ids, max_tokens, sampling settings): the router's Request
 // carries only hashes and counts. The JSON answer of the last generate call
@@ -234,6 +242,27 @@ class HttpWorkerTransport {
   absl::Status Decode(WorkerId decode, const Request& request) {
     return Generate(decode, request, "decode");
   }
+  // Colocated: the turn on `instance`, served from what its cache holds.
+  absl::Status RunOnInstance(WorkerId instance, const Request& request) {
+    return Generate(instance, request, "cache");
+  }
+  // Colocated: `to` pulls `session`'s KV from `from` before the turn is sent.
+  absl::Status MoveSessionKv(WorkerId from, WorkerId to, SessionId session) {
+    if (from >= options_.decode_urls.size()) return Unknown("decode", from);
+    if (to >= options_.decode_urls.size()) return Unknown("decode", to);
+    return Post(options_.decode_urls[to], "/migrate_kv",
+                {{"session_id", session}, {"from", options_.decode_urls[from]}},
+                options_.generate_timeout)
+        .status();
+  }
+  // Colocated: tells `instance` the session is over, so its KV goes first.
+  absl::Status CloseSession(WorkerId instance, SessionId session) {
+    if (instance >= options_.decode_urls.size()) return Unknown("decode", instance);
+    return Post(options_.decode_urls[instance], "/close_session", {{"session_id", session}},
+                options_.admit_timeout)
+        .status();
+  }
+
   absl::Status RunFallback(WorkerId prefill, WorkerId decode, const Request& request) {
     if (prefill != kNoWorker) {
       if (absl::Status s = Prefill(prefill, request); !s.ok()) return s;
