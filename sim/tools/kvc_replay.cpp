@@ -52,6 +52,7 @@
 #include "kvc_sim/simulator.hpp"
 #include "kvc_sim/synthetic.hpp"
 #include "kvc_sim/trace.hpp"
+#include "kvc_sim/ttft_floor.hpp"
 
 extern char** environ;
 
@@ -753,6 +754,7 @@ int Run(int argc, char** argv) {
 
   sim::ReplayReport report = sim::ReplayReport::ForTrace(*trace);
   report.SetConfig(o.sim, o.setup);
+  report.ttft_floor_s = sim::TtftFloorSummary(*trace, o.sim.cost);
   report.profile = base.profile;
   report.link = o.link;
   report.recommended_policy = std::string(sim::kRecommendedPolicy);

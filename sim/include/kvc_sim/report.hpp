@@ -67,6 +67,8 @@ struct ReplayReport {
   uint64_t output_tokens = 0;
   double ideal_session_hit_rate = 0;
   double trace_span_s = 0;
+  // The TTFT no router can beat (ttft_floor.hpp); NaN until set.
+  Summary ttft_floor_s = NoFloor();
 
   // The hardware: profile name, its KV link ("rdma-200g", "tcp-loopback", or
   // "custom" once transfer constants were overridden), cost model, host tier.
@@ -95,6 +97,11 @@ struct ReplayReport {
   // The policy marked "recommended": true in JSON; empty marks none.
   std::string recommended_policy;
   std::vector<PolicyResult> results;
+
+  static Summary NoFloor() {
+    std::vector<double> none;
+    return Summary::Of(none);
+  }
 
   static ReplayReport ForTrace(const Trace& trace) {
     ReplayReport report;
@@ -260,6 +267,11 @@ inline std::string FormatJson(const ReplayReport& r) {
   workload["output_tokens"] = r.output_tokens;
   workload["ideal_session_hit_rate"] = r.ideal_session_hit_rate;
   workload["span_s"] = r.trace_span_s;
+  if (!std::isnan(r.ttft_floor_s.p90)) {
+    workload["ttft_floor_s"] = {{"p50", r.ttft_floor_s.p50},
+                                {"p90", r.ttft_floor_s.p90},
+                                {"p99", r.ttft_floor_s.p99}};
+  }
 
   root["workload"] = std::move(workload);
 
@@ -375,6 +387,12 @@ inline std::string FormatTable(const ReplayReport& r,
                   absl::StrFormat("%.1fM input tokens", static_cast<double>(r.input_tokens) / 1e6),
                   ", ideal session hit rate ", absl::StrFormat("%.3f", r.ideal_session_hit_rate),
                   ", trace span ", absl::StrFormat("%.0f s", r.trace_span_s), "\n");
+  if (!std::isnan(r.ttft_floor_s.p90)) {
+    absl::StrAppend(&out, "  TTFT floor p50/p90/p99 (each prefill alone, all reusable KV cached): ",
+                    absl::StrFormat("%.3g / %.3g / %.3g s", r.ttft_floor_s.p50,
+                                    r.ttft_floor_s.p90, r.ttft_floor_s.p99),
+                    "\n");
+  }
   const std::string epsilon = r.router.max_admit_attempts == 0
                                   ? std::string("|D|")
                                   : absl::StrCat(r.router.max_admit_attempts);
