@@ -24,8 +24,10 @@ Phase 2: one session's long turn makes its instance hot; another session
 bound there moves to the idle instance with its KV (the instance reports
 the moved context cached), and stays there afterwards. Phase 3: sessions
 close (the instances drop their KV); then long first turns fill the live
-memory, the next one waits in the gateway's queue, and goes in only when a
-session closes. /metrics adds up.
+memory and the next three wait in the gateway's queue: a placed session's
+rewritten prompt does not wait behind them, closing a waiting session
+cancels its turn (409), and each later close lets exactly the oldest
+waiting turn in. /metrics adds up.
 
   e2e_loopback_test.py --emulator .../kvc-worker-emulator --gateway .../kvc-gateway
       [--scenario kvc|ear]
@@ -368,34 +370,67 @@ def run_ear(args, start):
         check(e.code == 404, f"unknown session: HTTP {e.code}")
     _, debug = http(gateway + "/debug/index")
     check(debug["live_context_tokens"] == 0, f"nothing counted live after the closes: {debug}")
-    # 6,000-token tasks: five fill 0.8 of the 2 x 20,000 tokens, the sixth waits.
+    # 6,000-token tasks: five fill 0.8 of the 2 x 20,000 tokens; later ones wait.
     for j in range(5):
         k = completion(gateway, f"task-{j}", filler(50 + j, 0, 6000))["kvc"]
         check(k["held_s"] == 0, f"task {j} went straight in: {k}")
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(completion, gateway, "task-5", filler(55, 0, 6000))
-        time.sleep(1.5)
-        m = parse_metrics(http(gateway + "/metrics")[1])
-        check(not waiting.done() and m["kvc_hold_queue_length"] == 1,
-              f"the sixth task waits in the queue: {m.get('kvc_hold_queue_length')}")
-        closed_at = time.time()
+
+    def queue_length():
+        return parse_metrics(http(gateway + "/metrics")[1])["kvc_hold_queue_length"]
+
+    def wait_queue(n):
+        deadline = time.time() + 20
+        while queue_length() != n:
+            check(time.time() < deadline, f"the load-control queue reaches {n}")
+            time.sleep(0.02)
+
+    def attempt(key, prompt):
+        try:
+            return 200, completion(gateway, key, prompt)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read().decode())
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        t5 = pool.submit(attempt, "task-5", filler(55, 0, 6000))
+        wait_queue(1)
+        t6 = pool.submit(attempt, "task-6", filler(56, 0, 6000))
+        wait_queue(2)
+        t7 = pool.submit(attempt, "task-7", filler(57, 0, 6000))
+        wait_queue(3)
+        # A placed session's fresh chain (its prompt rewritten) is not new:
+        # it does not wait behind the queue.
+        k = completion(gateway, "task-1", filler(61, 0, 3000))["kvc"]
+        check(k["turn"] == 0 and k["held_s"] == 0 and queue_length() == 3,
+              f"a bound session's rewritten prompt skipped the queue: {k}")
+        # Closing a session whose first turn waits cancels that turn.
+        close_session(gateway, "task-6")
+        status, body = t6.result(timeout=10)
+        check(status == 409, f"the closed session's waiting turn was cancelled: {status} {body}")
+        wait_queue(2)
+        # One close frees room for one task: the oldest goes, the next waits.
         close_session(gateway, "task-0")
-        k = waiting.result(timeout=30)["kvc"]
-        check(k["held_s"] >= 1.0 and time.time() - closed_at < 10,
-              f"the sixth task went in once a session closed: {k}")
+        status, r5 = t5.result(timeout=30)
+        check(status == 200 and r5["kvc"]["held_s"] > 0, f"task 5 went in first: {r5}")
+        time.sleep(0.3)
+        check(not t7.done() and queue_length() == 1, "task 7 still waits behind it")
+        close_session(gateway, "task-2")
+        status, r7 = t7.result(timeout=30)
+        check(status == 200 and r7["kvc"]["held_s"] > r5["kvc"]["held_s"],
+              f"task 7 went in after task 5: {r7}")
     m = parse_metrics(http(gateway + "/metrics")[1])
-    check(m["kvc_held_first_turns_total"] == 1 and m["kvc_hold_queue_length"] == 0,
-          "one first turn was held")
-    total = placed + 3 + 6
+    check(m["kvc_held_first_turns_total"] == 2 and m["kvc_hold_queue_length"] == 0,
+          "two first turns were held and placed")
+    total = placed + 3 + 5 + 1 + 2
     modes = {x: m[f'kvc_decisions_total{{mode="{x}"}}'] for x in ("direct", "seed", "reseed")}
     check(sum(modes.values()) == total and m['kvc_requests_total{status="ok"}'] == total,
           f"decisions add up to the requests: {modes}")
+    check(m['kvc_requests_total{status="error"}'] == 1, "the cancelled turn counts as failed")
     check(m['kvc_session_migrations_total{status="ok"}'] == 1, "one migration counted")
     check(all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
               m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2)),
           "every ticket gave its load back")
-    print(f"phase 3: the sixth task waited {k['held_s']:.2f} s for a session to close; "
-          f"modes {modes}")
+    print(f"phase 3: tasks 5 and 7 waited {r5['kvc']['held_s']:.2f} s and "
+          f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; modes {modes}")
     return 0
 
 

@@ -34,7 +34,7 @@ class FakeWorker {
       server_.Post(path, [this](const httplib::Request& req, httplib::Response& res) {
         last_body_ = req.body;
         last_path_ = req.path;
-        res.set_content(R"({"ok":true})", "application/json");
+        res.set_content(R"({"ok":true,"moved_tokens":48})", "application/json");
       });
     }
     port_ = server_.bind_to_any_port("127.0.0.1");
@@ -95,8 +95,12 @@ TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the r
           "[engine][http]") {
   FakeWorker source(R"({"can_admit": false, "reason": "no-d-capacity"})");
   FakeWorker target(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  // DeadUrl's port may still accept connections nobody answers: short
+  // timeouts make that unavailable rather than a two-minute wait.
   auto transport =
-      HttpWorkerTransport::Create({.decode_urls = {source.url(), target.url(), DeadUrl()}});
+      HttpWorkerTransport::Create({.decode_urls = {source.url(), target.url(), DeadUrl()},
+                                   .admit_timeout = std::chrono::milliseconds(300),
+                                   .generate_timeout = std::chrono::milliseconds(1000)});
   REQUIRE(transport.ok());
   Request request;
   request.session = 9;
@@ -112,7 +116,9 @@ TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the r
   CHECK(attachment.response()["text"] == "hi");
 
   // The target pulls from the source: the request goes to the target.
-  REQUIRE((*transport)->MoveSessionKv(0, 1, 9).ok());
+  absl::StatusOr<uint64_t> moved = (*transport)->MoveSessionKv(0, 1, 9);
+  REQUIRE(moved.ok());
+  CHECK(*moved == 48);
   CHECK(target.last_path() == "/migrate_kv");
   CHECK(target.last_body() == nlohmann::json{{"session_id", 9}, {"from", source.url()}});
   REQUIRE((*transport)->CloseSession(0, 9).ok());
@@ -120,11 +126,13 @@ TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the r
   CHECK(source.last_body() == nlohmann::json{{"session_id", 9}});
 
   // Unknown ids are the caller's error; a dead worker is unavailable.
-  CHECK((*transport)->MoveSessionKv(3, 1, 9).code() == absl::StatusCode::kInvalidArgument);
-  CHECK((*transport)->MoveSessionKv(0, 3, 9).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->MoveSessionKv(3, 1, 9).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK((*transport)->MoveSessionKv(0, 3, 9).status().code() ==
+        absl::StatusCode::kInvalidArgument);
   CHECK((*transport)->CloseSession(3, 9).code() == absl::StatusCode::kInvalidArgument);
   CHECK((*transport)->RunOnInstance(3, request).code() == absl::StatusCode::kInvalidArgument);
-  CHECK((*transport)->MoveSessionKv(0, 2, 9).code() == absl::StatusCode::kUnavailable);
+  CHECK((*transport)->MoveSessionKv(0, 2, 9).status().code() == absl::StatusCode::kUnavailable);
   CHECK((*transport)->CloseSession(2, 9).code() == absl::StatusCode::kUnavailable);
 }
 

@@ -73,6 +73,12 @@ using nlohmann::json;
 
 struct SessionState {
   absl::Mutex mu;
+  // Set by DELETE under `mu`: a request that locks a closed state starts
+  // over with a fresh one.
+  bool closed = false;
+  // Set by DELETE before it waits for `mu`: a first turn still waiting in
+  // the load-control queue gives up instead of being placed.
+  std::atomic<bool> cancel{false};
   std::optional<SessionHasher> hasher;
   BlockHash root = kChainRootHash;
   std::vector<TokenId> context;  // prompt + answer of the last turn
@@ -107,8 +113,14 @@ class GatewayBase {
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     absl::StatusOr<Turn> turn = Parse(req, chat);
     if (!turn.ok()) return Fail(res, 400, std::string(turn.status().message()));
-    std::shared_ptr<SessionState> s = SessionOf(turn->session, /*create=*/true);
-    absl::MutexLock session_lock(&s->mu);
+    std::shared_ptr<SessionState> s;
+    while (true) {
+      s = SessionOf(turn->session, /*create=*/true);
+      s->mu.Lock();
+      if (!s->closed) break;
+      s->mu.Unlock();  // closed meanwhile: the map holds a fresh state now
+    }
+    absl::Cleanup unlock_session = [&s] { s->mu.Unlock(); };
     const bool continues = s->hasher.has_value() && s->root == turn->root &&
                            turn->tokens.size() >= s->context.size() &&
                            std::equal(s->context.begin(), s->context.end(), turn->tokens.begin());
@@ -127,13 +139,16 @@ class GatewayBase {
     std::shared_ptr<SessionState> s = SessionOf(session, /*create=*/false);
     if (s == nullptr) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
     json out = {{"session", session_key}, {"closed", true}};
-    {
-      absl::MutexLock session_lock(&s->mu);  // after its turn in flight, if any
-      CloseSession(session, *s, out);
-    }
+    s->cancel = true;
+    CancelWaiting();
+    absl::MutexLock session_lock(&s->mu);  // after its turn in flight, if any
+    if (s->closed) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
+    s->closed = true;
+    CloseSession(session, *s, out);
     {
       absl::MutexLock lock(&sessions_mu_);
-      sessions_.erase(session);
+      auto it = sessions_.find(session);
+      if (it != sessions_.end() && it->second == s) sessions_.erase(it);
     }
     res.set_content(out.dump(), "application/json");
   }
@@ -146,6 +161,8 @@ class GatewayBase {
   virtual void Serve(const Turn& turn, SessionState& s, httplib::Response& res) = 0;
   // The policy's and the workers' share of closing a session.
   virtual void CloseSession(SessionId session, SessionState& s, json& out) = 0;
+  // Wakes turns waiting for placement so they see a session's `cancel`.
+  virtual void CancelWaiting() {}
 
   static void Fail(httplib::Response& res, int status, const std::string& message) {
     res.status = status;
@@ -219,6 +236,9 @@ class GatewayBase {
       return absl::InvalidArgumentError("\"max_tokens\" must be in 1..65536");
     }
     turn.max_tokens = max_tokens_json.get<uint32_t>();
+    if (body.contains("model") && !body["model"].is_string()) {
+      return absl::InvalidArgumentError("\"model\" must be a string");
+    }
     turn.model = body.value("model", std::string());
     turn.root = loras_.contains(turn.model) ? ChainRootFor(turn.model) : kChainRootHash;
     turn.session_key = req.get_header_value("X-Session-Id");
@@ -338,7 +358,10 @@ class KvcGateway final : public GatewayBase {
     const Request request = s.hasher->BeginTurn(fresh);
 
     absl::StatusOr<DispatchOp<KvEventIndex>> op = StartDispatch(*state_, request);
-    if (!op.ok()) return Fail(res, 400, std::string(op.status().message()));
+    if (!op.ok()) {
+      s.hasher.reset();  // the chain advanced for a turn that never ran
+      return Fail(res, 400, std::string(op.status().message()));
+    }
     while (op->awaiting_admit()) {
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<AdmitResult> answer = transport_->Admit(op->admit_target(), op->admit_query());
@@ -349,6 +372,7 @@ class KvcGateway final : public GatewayBase {
       if (!result.admitted) metrics_.Rejection(result.reason);
       if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) {
         metrics_.Request(false);
+        s.hasher.reset();
         return Fail(res, 502, std::string(fed.message()));
       }
     }
@@ -400,11 +424,12 @@ class AffinityGateway final : public GatewayBase {
                   std::unique_ptr<engine::HttpWorkerTransport> transport,
                   std::unique_ptr<engine::Tokenizer> tokenizer,
                   absl::flat_hash_set<std::string> loras, uint32_t block_tokens,
-                  uint32_t default_max_tokens)
+                  uint32_t default_max_tokens, size_t max_queued)
       : GatewayBase(std::move(transport), std::move(tokenizer), std::move(loras), block_tokens,
                     default_max_tokens),
         policy_(std::move(policy)),
-        ledger_(std::move(ledger)) {}
+        ledger_(std::move(ledger)),
+        max_queued_(max_queued) {}
 
   std::string Metrics() const override {
     std::vector<uint64_t> inflight;
@@ -419,10 +444,12 @@ class AffinityGateway final : public GatewayBase {
                       load.pending_prefill_tokens, "\n");
     }
     std::lock_guard<std::mutex> lock(policy_mu_);
-    extra += "# HELP kvc_session_migrations_total Sessions moved with their KV (and moves that "
-             "failed).\n";
+    extra += "# HELP kvc_session_migrations_total Session KV moves: ok, empty (the source held "
+             "nothing or the target kept nothing), error.\n";
     extra += "# TYPE kvc_session_migrations_total counter\n";
     absl::StrAppend(&extra, "kvc_session_migrations_total{status=\"ok\"} ", migrations_ok_, "\n");
+    absl::StrAppend(&extra, "kvc_session_migrations_total{status=\"empty\"} ", migrations_empty_,
+                    "\n");
     absl::StrAppend(&extra, "kvc_session_migrations_total{status=\"error\"} ", migrations_failed_,
                     "\n");
     extra += "# HELP kvc_held_first_turns_total First turns that waited in the load-control "
@@ -477,7 +504,21 @@ class AffinityGateway final : public GatewayBase {
     {
       std::unique_lock<std::mutex> lock(policy_mu_);
       request.id = next_request_id_++;
-      if (request.request.turn == 0) held_s = WaitForRoom(lock, request);
+      // Only a session the policy has not placed yet queues: a bound
+      // session's fresh chain (after an error or a rewritten prompt) is a
+      // running session and never waits behind new ones.
+      if (request.request.turn == 0 && policy_->binding(turn.session) == kNoWorker) {
+        absl::StatusOr<double> waited = WaitForRoom(lock, request, s.cancel);
+        if (!waited.ok()) {
+          lock.unlock();
+          s.hasher.reset();  // nothing was sent: the next request starts the chain again
+          metrics_.Request(false);
+          if (absl::IsResourceExhausted(waited.status())) res.set_header("Retry-After", "1");
+          return Fail(res, absl::IsCancelled(waited.status()) ? 409 : 503,
+                      std::string(waited.status().message()));
+        }
+        held_s = *waited;
+      }
       placement = policy_->Place(request, *ledger_);
       if (placement.ok()) {
         absl::StatusOr<policy::LoadLedger::Ticket> booked = ledger_->Start(
@@ -492,10 +533,10 @@ class AffinityGateway final : public GatewayBase {
       }
       queue_cv_.notify_all();  // the next first turn in the queue may go now
     }
-    if (!placement.ok()) {
+    if (!placement.ok()) {  // the gateway's own configuration is at fault
       metrics_.Request(false);
       s.hasher.reset();
-      return Fail(res, 400, std::string(placement.status().message()));
+      return Fail(res, 500, std::string(placement.status().message()));
     }
     // OnFinished exactly once per placed turn, also when the transport
     // throws (the ticket gives its load back by itself).
@@ -510,11 +551,14 @@ class AffinityGateway final : public GatewayBase {
     const WorkerId instance = placement->instance;
     bool moved = false;
     if (placement->migrate_from != kNoWorker) {
-      // The session's KV goes first; if the move fails the instance
-      // prefills the whole context instead.
-      moved = transport_->MoveSessionKv(placement->migrate_from, instance, turn.session).ok();
+      // The session's KV goes first; if the move fails or brings nothing
+      // the instance prefills the whole context instead (booked above as
+      // if the move had worked: the ledger under-counts that prefill).
+      absl::StatusOr<uint64_t> kept =
+          transport_->MoveSessionKv(placement->migrate_from, instance, turn.session);
+      moved = kept.ok() && *kept > 0;
       std::lock_guard<std::mutex> lock(policy_mu_);
-      ++(moved ? migrations_ok_ : migrations_failed_);
+      ++(moved ? migrations_ok_ : kept.ok() ? migrations_empty_ : migrations_failed_);
     }
     engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
         turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
@@ -563,6 +607,11 @@ class AffinityGateway final : public GatewayBase {
     Answer(turn, output, std::move(kvc), res);
   }
 
+  void CancelWaiting() override {
+    std::lock_guard<std::mutex> lock(policy_mu_);
+    queue_cv_.notify_all();
+  }
+
   void CloseSession(SessionId session, SessionState& s, json& out) override {
     {
       std::lock_guard<std::mutex> lock(policy_mu_);
@@ -579,17 +628,32 @@ class AffinityGateway final : public GatewayBase {
  private:
   // Load control: queues a first turn, oldest first, until the policy lets
   // it in; rechecked when a request finishes, a session closes or every
-  // kHoldRecheckSeconds. Returns the seconds it waited.
-  double WaitForRoom(std::unique_lock<std::mutex>& lock, const policy::PolicyRequest& request) {
+  // kHoldRecheckSeconds. Returns the seconds it waited; Cancelled when its
+  // session was closed meanwhile, ResourceExhausted when the queue is full
+  // (each waiting turn holds a server thread).
+  absl::StatusOr<double> WaitForRoom(std::unique_lock<std::mutex>& lock,
+                                     const policy::PolicyRequest& request,
+                                     const std::atomic<bool>& cancel) {
+    if (queue_.size() >= max_queued_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the load-control queue is full (", queue_.size(), " first turns wait); retry later"));
+    }
     const double arrived_s = ledger_->now_s();
     const uint64_t position = next_position_++;
     queue_.push_back(position);
+    // Leaves the queue on every path (placed, cancelled, or unwinding).
+    absl::Cleanup leave = [&] {
+      queue_.erase(std::find(queue_.begin(), queue_.end(), position));
+      queue_cv_.notify_all();
+    };
     bool held = false;  // by the policy, or behind a turn it held
     while (queue_.front() != position || policy_->HoldNewSession(request, *ledger_, arrived_s)) {
+      if (cancel) {
+        return absl::CancelledError("the session was closed while its first turn waited");
+      }
       held = true;
       queue_cv_.wait_for(lock, std::chrono::duration<double>(policy::kHoldRecheckSeconds));
     }
-    queue_.pop_front();
     const double waited = ledger_->now_s() - arrived_s;
     if (held) {
       ++held_turns_;
@@ -611,7 +675,9 @@ class AffinityGateway final : public GatewayBase {
   uint64_t held_turns_ = 0;
   double hold_wait_s_ = 0;
   uint64_t migrations_ok_ = 0;
+  uint64_t migrations_empty_ = 0;
   uint64_t migrations_failed_ = 0;
+  size_t max_queued_;
 };
 
 }  // namespace
@@ -669,6 +735,12 @@ int main(int argc, char** argv) {
                  "ear: share of the cluster's KV the live contexts may fill")
       ->capture_default_str();
   app.add_option("--max-hold", affinity.max_hold_s, "ear: longest wait of a first turn, seconds")
+      ->capture_default_str();
+  size_t max_queued = 192;
+  app.add_option("--max-queued-sessions", max_queued,
+                 "ear: first turns the load-control queue keeps waiting (each holds one of the "
+                 "256 server threads); more are answered 503 with Retry-After")
+      ->check(CLI::Range(size_t{1}, size_t{224}))
       ->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "default max_tokens")->capture_default_str();
   app.add_option("--lora", loras, "a LoRA adapter name requests may ask for as \"model\"");
@@ -755,13 +827,13 @@ int main(int argc, char** argv) {
         std::move(*created), std::move(*ledger), std::move(*transport),
         std::make_unique<engine::ByteTokenizer>(),
         absl::flat_hash_set<std::string>(loras.begin(), loras.end()), config.block_tokens,
-        max_tokens);
+        max_tokens, max_queued);
   }
 
   httplib::Server server;
-  // First turns held by load control wait on a server thread; enough
-  // threads that the requests which free memory (later turns, closes) are
-  // still served while many wait.
+  // First turns held by load control wait on a server thread; at most
+  // --max-queued-sessions (224 or fewer) wait, so at least 32 threads are
+  // left for the requests that free memory (later turns, closes).
   server.new_task_queue = [] { return new httplib::ThreadPool(256); };
   server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     gateway->Handle(req, res, /*chat=*/false);

@@ -57,6 +57,17 @@ bool Tokens(const json& body, std::vector<TokenId>& out) {
   return true;
 }
 
+// An optional unsigned field in 0..max; false (answer 400) for anything else.
+bool Unsigned(const json& body, const char* key, uint64_t fallback, uint64_t max, uint64_t& out) {
+  if (!body.contains(key)) {
+    out = fallback;
+    return true;
+  }
+  if (!body[key].is_number_unsigned() || body[key].get<uint64_t>() > max) return false;
+  out = body[key].get<uint64_t>();
+  return true;
+}
+
 class Worker {
  public:
   Worker(AdmissionController admit, sim::CostModel cost, double time_scale, uint32_t block_size,
@@ -196,9 +207,9 @@ class Worker {
     if (!tokens.empty()) Sleep(cost_.TransferSeconds(tokens.size()));
     absl::MutexLock lock(&mu_);
     ++migrations_in_;
-    const uint64_t moved = tokens.size();
-    if (!tokens.empty()) KeepCachedLocked(session, std::move(tokens));
-    return json{{"ok", true}, {"moved_tokens", moved}};
+    const uint64_t size = tokens.size();
+    const bool kept = !tokens.empty() && KeepCachedLocked(session, std::move(tokens));
+    return json{{"ok", true}, {"moved_tokens", kept ? size : 0}};
   }
 
   json CloseSession(SessionId session) {
@@ -259,12 +270,26 @@ class Worker {
   };
 
   // Keeps `tokens` as `session`'s context, evicting least recently used
-  // idle sessions while the pool would pass its capacity; a context that
-  // cannot fit even then is not kept.
-  void KeepCachedLocked(SessionId session, std::vector<TokenId> tokens) {
+  // idle sessions while the pool would pass its capacity. A context that
+  // cannot fit beside the sessions in use is not kept (and evicts nobody).
+  // Returns whether it was kept.
+  bool KeepCachedLocked(SessionId session, std::vector<TokenId> tokens) {
     auto held = kv_.find(session);
     const uint64_t before = held != kv_.end() ? held->second.tokens.size() : 0;
     const uint64_t capacity = cache_capacity_tokens_;
+    uint64_t pinned = 0;  // contexts of other sessions with requests running
+    for (const auto& [other, requests] : busy_) {
+      auto it = kv_.find(other);
+      if (other != session && it != kv_.end()) pinned += it->second.tokens.size();
+    }
+    if (pinned + tokens.size() > capacity) {
+      if (held != kv_.end()) {
+        cached_tokens_ -= before;
+        DropSessionKvLocked(session);
+        last_use_.erase(session);
+      }
+      return false;
+    }
     while (cached_tokens_ - before + tokens.size() > capacity) {
       SessionId victim = 0;
       uint64_t oldest = UINT64_MAX;
@@ -280,17 +305,10 @@ class Worker {
       last_use_.erase(victim);
       ++evictions_;
     }
-    if (cached_tokens_ - before + tokens.size() > capacity) {
-      if (held != kv_.end()) {
-        cached_tokens_ -= before;
-        DropSessionKvLocked(session);
-        last_use_.erase(session);
-      }
-      return;
-    }
     cached_tokens_ += tokens.size() - before;
     last_use_[session] = ++use_clock_;
     SetSessionKvLocked(session, std::move(tokens));
+    return true;
   }
 
   static std::vector<TokenId> Answer(SessionId session, uint32_t turn, uint32_t max_tokens) {
@@ -505,13 +523,25 @@ int main(int argc, char** argv) {
     }
     return true;
   };
+  // "turn" and "max_tokens" of a generate call.
+  auto turn_fields = [](const json& body, httplib::Response& res, uint32_t& turn,
+                        uint32_t& max_tokens) {
+    uint64_t t = 0, m = 0;
+    if (!Unsigned(body, "turn", 0, UINT32_MAX, t) || !Unsigned(body, "max_tokens", 16, 65536, m)) {
+      Reply(res, json{{"error", "turn must be an unsigned integer, max_tokens in 0..65536"}}, 400);
+      return false;
+    }
+    turn = static_cast<uint32_t>(t);
+    max_tokens = static_cast<uint32_t>(m);
+    return true;
+  };
   if (role == "instance") {
     server.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
       json body;
       std::vector<TokenId> tokens;
-      if (!session_body(req, res, body, tokens)) return;
-      Reply(res, worker.GenerateCached(body["session_id"].get<uint64_t>(), body.value("turn", 0u),
-                                       tokens, body.value("max_tokens", 16u)));
+      uint32_t turn = 0, max_tokens = 0;
+      if (!session_body(req, res, body, tokens) || !turn_fields(body, res, turn, max_tokens)) return;
+      Reply(res, worker.GenerateCached(body["session_id"].get<uint64_t>(), turn, tokens, max_tokens));
     });
     server.Post("/export_kv", [&](const httplib::Request& req, httplib::Response& res) {
       json body;
@@ -523,7 +553,8 @@ int main(int argc, char** argv) {
       json body;
       std::vector<TokenId> tokens;
       if (!session_body(req, res, body, tokens)) return;
-      const std::string source = body.value("from", std::string());
+      const json from = body.value("from", json());
+      const std::string source = from.is_string() ? from.get<std::string>() : std::string();
       if (source.rfind("http://", 0) != 0) {
         return Reply(res, json{{"error", "\"from\" must be the source instance's http:// URL"}},
                      400);
@@ -548,15 +579,14 @@ int main(int argc, char** argv) {
       Reply(res, answer, answer.contains("error") ? 400 : 200);
     });
     server.Post("/generate", [&](const httplib::Request& req, httplib::Response& res) {
-      json body = Body(req, res);
-      if (body.is_discarded()) return;
+      json body;
       std::vector<TokenId> tokens;
-      if (!Tokens(body, tokens) || !body.value("session_id", json()).is_number_unsigned()) {
-        return Reply(res, json{{"error", "need session_id and token_ids"}}, 400);
-      }
-      Reply(res, worker.Generate(body["session_id"].get<uint64_t>(), body.value("turn", 0u),
-                                 body.value("mode", std::string("direct")), tokens,
-                                 body.value("max_tokens", 16u)));
+      uint32_t turn = 0, max_tokens = 0;
+      if (!session_body(req, res, body, tokens) || !turn_fields(body, res, turn, max_tokens)) return;
+      const json mode = body.value("mode", json("direct"));
+      if (!mode.is_string()) return Reply(res, json{{"error", "mode must be a string"}}, 400);
+      Reply(res, worker.Generate(body["session_id"].get<uint64_t>(), turn, mode.get<std::string>(),
+                                 tokens, max_tokens));
     });
     server.Post("/receive_kv", [&](const httplib::Request& req, httplib::Response& res) {
       json body = Body(req, res);

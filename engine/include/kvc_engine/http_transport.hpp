@@ -246,14 +246,19 @@ class HttpWorkerTransport {
   absl::Status RunOnInstance(WorkerId instance, const Request& request) {
     return Generate(instance, request, "cache");
   }
-  // Colocated: `to` pulls `session`'s KV from `from` before the turn is sent.
-  absl::Status MoveSessionKv(WorkerId from, WorkerId to, SessionId session) {
+  // Colocated: `to` pulls `session`'s KV from `from` before the turn is
+  // sent. Returns the tokens the target reports it kept ("moved_tokens";
+  // 0 when the source held nothing or the target could not keep it).
+  absl::StatusOr<uint64_t> MoveSessionKv(WorkerId from, WorkerId to, SessionId session) {
     if (from >= options_.decode_urls.size()) return Unknown("decode", from);
     if (to >= options_.decode_urls.size()) return Unknown("decode", to);
-    return Post(options_.decode_urls[to], "/migrate_kv",
-                {{"session_id", session}, {"from", options_.decode_urls[from]}},
-                options_.generate_timeout)
-        .status();
+    absl::StatusOr<nlohmann::json> answer =
+        Post(options_.decode_urls[to], "/migrate_kv",
+             {{"session_id", session}, {"from", options_.decode_urls[from]}},
+             options_.generate_timeout);
+    if (!answer.ok()) return answer.status();
+    const nlohmann::json moved = answer->value("moved_tokens", nlohmann::json());
+    return moved.is_number_unsigned() ? moved.get<uint64_t>() : 0;
   }
   // Colocated: tells `instance` the session is over, so its KV goes first.
   absl::Status CloseSession(WorkerId instance, SessionId session) {
