@@ -647,9 +647,12 @@ class AffinityGateway final : public GatewayBase {
       queue_cv_.notify_all();
     };
     bool held = false;  // by the policy, or behind a turn it held
-    while (queue_.front() != position || policy_->HoldNewSession(request, *ledger_, arrived_s)) {
+    while (true) {
       if (cancel) {
         return absl::CancelledError("the session was closed while its first turn waited");
+      }
+      if (queue_.front() == position && !policy_->HoldNewSession(request, *ledger_, arrived_s)) {
+        break;
       }
       held = true;
       queue_cv_.wait_for(lock, std::chrono::duration<double>(policy::kHoldRecheckSeconds));

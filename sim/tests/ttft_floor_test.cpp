@@ -103,7 +103,9 @@ TEST_CASE("ttft floor: no request of any policy's replay beats its floor (proper
           "[sim][ttft-floor][property]") {
   const std::vector<std::string> policies = {"dp",  "ear",          "unified",   "load-only",
                                              "kvc", "kvc-adaptive", "pd-sglang", "ear-pd"};
-  for (uint64_t seed = 1; seed <= 4; ++seed) {
+  // Seeds 1-4 closed loop (even: sessions started together); 5 open loop;
+  // 6 a host tier with sessions closed by their clients.
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
     SyntheticConfig c = SyntheticConfig::ClaudeCode();
     c.sessions = 16;
     c.requests = 120;
@@ -116,7 +118,15 @@ TEST_CASE("ttft floor: no request of any policy's replay beats its floor (proper
     config.cluster.prefill_workers = 2;
     config.cluster.decode_workers = 2;
     // Tight pools: evictions, migrations and re-prefills all happen.
-    config.admission.capacity_tokens = 200000 + 50000 * seed;
+    config.admission.capacity_tokens = 200000 + 50000 * (seed % 4);
+    if (seed == 5) {
+      config.loop = LoopMode::kOpen;
+      config.concurrency = 0;
+    }
+    if (seed == 6) {
+      config.host_tier.capacity_tokens = 400000;
+      config.close_sessions = true;
+    }
     const std::vector<double> floor = TtftFloor(*trace, config.cost);
     PolicySetup setup;
     setup.cluster = config.cluster;
@@ -124,6 +134,7 @@ TEST_CASE("ttft floor: no request of any policy's replay beats its floor (proper
     setup.router.block_tokens = trace->block_tokens;
     for (const std::string& name : policies) {
       INFO("seed " << seed << ", policy " << name);
+      setup.host_tier_tokens = config.host_tier.capacity_tokens;
       absl::StatusOr<MadePolicy> made = MakePolicy(name, setup);
       REQUIRE(made.ok());
       std::vector<RequestRecord> records;
@@ -135,7 +146,9 @@ TEST_CASE("ttft floor: no request of any policy's replay beats its floor (proper
       for (const RequestRecord& r : records) {
         if (r.refused) continue;
         ++served;
-        if (r.first_token_s - r.issue_s < floor[r.turn] - 1e-9) {
+        // The GPU timeline may finish a prefill up to 1e-6 of an iteration
+        // early (its rounding slack): a relative tolerance.
+        if (r.first_token_s - r.issue_s < floor[r.turn] * (1 - 1e-6) - 1e-9) {
           ++below;
           UNSCOPED_INFO("turn " << r.turn << ": TTFT " << r.first_token_s - r.issue_s
                                 << " s below its floor " << floor[r.turn] << " s");

@@ -257,7 +257,8 @@ class HttpWorkerTransport {
              {{"session_id", session}, {"from", options_.decode_urls[from]}},
              options_.generate_timeout);
     if (!answer.ok()) return answer.status();
-    const nlohmann::json moved = answer->value("moved_tokens", nlohmann::json());
+    const nlohmann::json moved =
+        answer->is_object() ? answer->value("moved_tokens", nlohmann::json()) : nlohmann::json();
     return moved.is_number_unsigned() ? moved.get<uint64_t>() : 0;
   }
   // Colocated: tells `instance` the session is over, so its KV goes first.
