@@ -244,6 +244,8 @@ def run_kvc(args, start):
     check(buckets == sorted(buckets), "histogram buckets are cumulative")
     check(all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 for d in range(3)),
           "nothing left in flight")
+    check(m["kvc_gateway_sessions"] == sessions + len(flood),
+          f"one conversation per session: {m['kvc_gateway_sessions']}")
     check([m[f'kvc_index_blocks{{worker="{d}"}}'] for d in range(3)] == after,
           "kvc_index_blocks matches the emulators")
     print("metrics add up:", modes, "attempts", attempts, "rejections", rejections)
@@ -425,6 +427,13 @@ def run_ear(args, start):
           f"decisions add up to the requests: {modes}")
     check(m['kvc_requests_total{status="error"}'] == 1, "the cancelled turn counts as failed")
     check(m['kvc_session_migrations_total{status="ok"}'] == 1, "one migration counted")
+    # Open: tasks 1, 3, 4, 5, 7 (closed and cancelled sessions are forgotten);
+    # a request without a session is a session of one turn, over at once.
+    check(m["kvc_gateway_sessions"] == 5, f"sessions tracked: {m['kvc_gateway_sessions']}")
+    status, r = http(gateway + "/v1/completions", {"prompt": filler(70, 0, 500)})
+    check(status == 200 and r["kvc"]["session"].startswith("anonymous-"), "anonymous request")
+    m = parse_metrics(http(gateway + "/metrics")[1])
+    check(m["kvc_gateway_sessions"] == 5, "the anonymous session was not kept")
     check(all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
               m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2)),
           "every ticket gave its load back")

@@ -94,6 +94,7 @@ struct Turn {
   BlockHash root = kChainRootHash;
   std::string session_key;
   SessionId session = 0;
+  bool anonymous = false;  // no session given: the request is its own session
 };
 
 // What both gateways share: parsing, sessions, hashing, the answer.
@@ -131,6 +132,29 @@ class GatewayBase {
       s->context.clear();
     }
     Serve(*turn, *s, res);
+    if (turn->anonymous) {
+      // A request without a session is a session of one turn: over now.
+      json ignored;
+      CloseSession(turn->session, *s, ignored);
+    }
+    if (turn->anonymous || (!s->hasher.has_value() && s->served.empty())) {
+      // Over, or nothing ran for it (refused, cancelled, failed first):
+      // forget it rather than keep a state per session id ever seen.
+      s->closed = true;
+      absl::MutexLock lock(&sessions_mu_);
+      auto it = sessions_.find(turn->session);
+      if (it != sessions_.end() && it->second == s) sessions_.erase(it);
+    }
+  }
+
+  // Prometheus lines: the sessions the gateway keeps a conversation for.
+  std::string SessionsGauge() const {
+    absl::MutexLock lock(&sessions_mu_);
+    return absl::StrCat(
+        "# HELP kvc_gateway_sessions Sessions the gateway keeps a conversation for.\n"
+        "# TYPE kvc_gateway_sessions gauge\n"
+        "kvc_gateway_sessions ",
+        sessions_.size(), "\n");
   }
 
   // DELETE /v1/sessions/{id}: the client says the session is over.
@@ -142,7 +166,11 @@ class GatewayBase {
     s->cancel = true;
     CancelWaiting();
     absl::MutexLock session_lock(&s->mu);  // after its turn in flight, if any
-    if (s->closed) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
+    if (s->closed) {
+      // Closed meanwhile: by another DELETE, or its only turn was cancelled.
+      out["instances_closed"] = json::array();
+      return res.set_content(out.dump(), "application/json");
+    }
     s->closed = true;
     CloseSession(session, *s, out);
     {
@@ -249,7 +277,10 @@ class GatewayBase {
     if (turn.session_key.empty() && body.contains("user") && body["user"].is_string()) {
       turn.session_key = body["user"].get<std::string>();
     }
-    if (turn.session_key.empty()) turn.session_key = absl::StrCat("anonymous-", next_anonymous_++);
+    if (turn.session_key.empty()) {
+      turn.anonymous = true;
+      turn.session_key = absl::StrCat("anonymous-", next_anonymous_++);
+    }
     turn.session = XXH3_64bits_withSeed(turn.session_key.data(), turn.session_key.size(), 0);
     turn.tokens = tokenizer_->Encode(text);
     return turn;
@@ -270,7 +301,7 @@ class GatewayBase {
   absl::flat_hash_set<std::string> loras_;
   uint32_t block_tokens_;
   uint32_t default_max_tokens_;
-  absl::Mutex sessions_mu_;
+  mutable absl::Mutex sessions_mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<SessionState>> sessions_;
   std::atomic<uint64_t> next_anonymous_{0};
   std::atomic<uint64_t> request_ids_{0};
@@ -323,7 +354,7 @@ class KvcGateway final : public GatewayBase {
       absl::StrAppend(&extra, "kvc_kv_event_errors_total ", stats.decode_errors + stats.apply_errors,
                       "\n");
     }
-    return metrics_.Render(inflight, extra);
+    return metrics_.Render(inflight, extra + SessionsGauge());
   }
 
   json DebugIndex() const override {
@@ -467,7 +498,7 @@ class AffinityGateway final : public GatewayBase {
              "as live.\n";
     extra += "# TYPE kvc_live_context_tokens gauge\n";
     absl::StrAppend(&extra, "kvc_live_context_tokens ", policy_->live_context_tokens(), "\n");
-    return metrics_.Render(inflight, extra);
+    return metrics_.Render(inflight, extra + SessionsGauge());
   }
 
   json DebugIndex() const override {
