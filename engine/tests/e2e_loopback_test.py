@@ -288,6 +288,16 @@ def run_ear(args, start):
     for d in range(2):
         wait_healthy(instances[d], iprocs[d])
     wait_healthy(gateway, gproc)
+    # Bad input is refused with the field and value named, and runs nothing.
+    for field, value in (("max_tokens", -3), ("turn", "x")):
+        try:
+            http(instances[0] + "/generate", {"session_id": 1, "token_ids": [1, 2], field: value})
+            check(False, f"{field}={value!r} is refused")
+        except urllib.error.HTTPError as e:
+            message = json.loads(e.read().decode())["error"]
+            check(e.code == 400 and field in message and json.dumps(value) in message,
+                  f"{field}={value!r}: HTTP {e.code} {message}")
+    check(http(instances[0] + "/stats")[1]["generated"] == 0, "nothing ran for bad input")
 
     # --- phase 1: sessions keep their instance and their cache --------------
     sessions, turns = 4, 4

@@ -35,6 +35,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvc_engine/event_publisher.hpp"
 #include "kvc_engine/http_transport.hpp"
@@ -57,15 +60,16 @@ bool Tokens(const json& body, std::vector<TokenId>& out) {
   return true;
 }
 
-// An optional unsigned field in 0..max; false (answer 400) for anything else.
-bool Unsigned(const json& body, const char* key, uint64_t fallback, uint64_t max, uint64_t& out) {
-  if (!body.contains(key)) {
-    out = fallback;
-    return true;
+// An optional unsigned field in 0..max (absent: `fallback`); for anything
+// else the error names the field and the value it got.
+absl::StatusOr<uint64_t> Unsigned(const json& body, const char* key, uint64_t fallback,
+                                  uint64_t max) {
+  if (!body.contains(key)) return fallback;
+  if (!body[key].is_number_unsigned() || body[key].get<uint64_t>() > max) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be an integer in 0..",
+                                                   max, ", got ", body[key].dump()));
   }
-  if (!body[key].is_number_unsigned() || body[key].get<uint64_t>() > max) return false;
-  out = body[key].get<uint64_t>();
-  return true;
+  return body[key].get<uint64_t>();
 }
 
 class Worker {
@@ -526,13 +530,16 @@ int main(int argc, char** argv) {
   // "turn" and "max_tokens" of a generate call.
   auto turn_fields = [](const json& body, httplib::Response& res, uint32_t& turn,
                         uint32_t& max_tokens) {
-    uint64_t t = 0, m = 0;
-    if (!Unsigned(body, "turn", 0, UINT32_MAX, t) || !Unsigned(body, "max_tokens", 16, 65536, m)) {
-      Reply(res, json{{"error", "turn must be an unsigned integer, max_tokens in 0..65536"}}, 400);
-      return false;
+    const absl::StatusOr<uint64_t> t = Unsigned(body, "turn", 0, UINT32_MAX);
+    const absl::StatusOr<uint64_t> m = Unsigned(body, "max_tokens", 16, 65536);
+    for (const absl::Status& status : {t.status(), m.status()}) {
+      if (!status.ok()) {
+        Reply(res, json{{"error", std::string(status.message())}}, 400);
+        return false;
+      }
     }
-    turn = static_cast<uint32_t>(t);
-    max_tokens = static_cast<uint32_t>(m);
+    turn = static_cast<uint32_t>(*t);
+    max_tokens = static_cast<uint32_t>(*m);
     return true;
   };
   if (role == "instance") {
