@@ -754,7 +754,12 @@ int Run(int argc, char** argv) {
 
   sim::ReplayReport report = sim::ReplayReport::ForTrace(*trace);
   report.SetConfig(o.sim, o.setup);
-  report.ttft_floor_s = sim::TtftFloorSummary(*trace, o.sim.cost);
+  // Indexed like trace->turns; Summary::Of sorts its argument, so it gets a copy.
+  const std::vector<double> ttft_floor = sim::TtftFloor(*trace, o.sim.cost);
+  {
+    std::vector<double> sorted_floor = ttft_floor;
+    report.ttft_floor_s = sim::Summary::Of(sorted_floor);
+  }
   report.profile = base.profile;
   report.link = o.link;
   report.recommended_policy = std::string(sim::kRecommendedPolicy);
@@ -770,7 +775,8 @@ int Run(int argc, char** argv) {
   if (!o.requests_csv_path.empty()) {
     request_rows =
         "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
-        "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s,gateway_wait_s\n";
+        "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s,gateway_wait_s,"
+        "ttft_floor_s\n";
   }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
@@ -801,13 +807,13 @@ int Run(int argc, char** argv) {
         const std::string ttft =
             r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f,%.9f\n", name,
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f,%.9f,%.6f\n", name,
             r.session,
             turn.turn, r.issue_s, first_token, ttft, r.finish_s,
             r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
             turn.reusable_tokens, turn.output_tokens, r.cached_tokens, r.placed_s,
-            r.placed_s - r.issue_s);
+            r.placed_s - r.issue_s, ttft_floor[r.turn]);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =
