@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "kvc_router/detail/splitmix.hpp"
 #include "kvc_router/policy/affinity_policies.hpp"
 #include "kvc_router/testing/fake_cluster.hpp"
@@ -107,6 +108,37 @@ TEST_CASE("load ledger: bad shapes and placements are refused and book nothing",
   CHECK_THAT(test::Message(l.Admit(0, query).status()), Catch::Contains("no admission RPC"));
 }
 
+TEST_CASE("load ledger: a rebooked prefill is what is given back, and only while pending",
+          "[policy][ledger]") {
+  auto ledger = LoadLedger::Create(Topology::kDisaggregated, 2, 1);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  absl::StatusOr<LoadLedger::Ticket> local = l.Start(On(1), 1000);
+  absl::StatusOr<LoadLedger::Ticket> remote = l.Start(On(0, 0), 300);
+  REQUIRE(local.ok());
+  REQUIRE(remote.ok());
+  // A KV move that failed: the whole 9000-token context is prefilled.
+  REQUIRE(local->Rebook(9000).ok());
+  CHECK(local->prefill_tokens() == 9000);
+  CHECK(l.instance_load(1).pending_prefill_tokens == 9000);
+  REQUIRE(remote->Rebook(100).ok());  // downwards too
+  CHECK(l.prefill_load(0).pending_prefill_tokens == 100);
+  CHECK(l.instance_load(0).pending_prefill_tokens == 0);
+  absl::Status too_big = local->Rebook(kvc_router::kMaxCapacityTokens + 1);
+  CHECK(too_big.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(too_big.message(), "prefill_tokens"));
+  CHECK(l.instance_load(1).pending_prefill_tokens == 9000);
+  local->FirstToken();
+  CHECK(l.instance_load(1).pending_prefill_tokens == 0);
+  absl::Status late = local->Rebook(5);
+  CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(l.instance_load(1).pending_prefill_tokens == 0);
+  remote->Finish();
+  CHECK(remote->Rebook(5).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(l.prefill_load(0).pending_prefill_tokens == 0);
+  CHECK(l.prefill_load(0).running_requests == 0);
+}
+
 TEST_CASE("load ledger: the loads always equal the open tickets' sums (property)",
           "[policy][ledger][property]") {
   const uint64_t seed = GENERATE(take(20, random(uint64_t{1}, uint64_t{1} << 40)));
@@ -123,7 +155,7 @@ TEST_CASE("load ledger: the loads always equal the open tickets' sums (property)
   };
   std::vector<Open> open;
   for (int step = 0; step < 400; ++step) {
-    const uint64_t action = rng.Next() % 4;
+    const uint64_t action = rng.Next() % 5;
     if (action == 0 || open.empty()) {
       Open o;
       o.at = On(static_cast<WorkerId>(rng.Next() % 3),
@@ -135,7 +167,12 @@ TEST_CASE("load ledger: the loads always equal the open tickets' sums (property)
       open.push_back(std::move(o));
     } else {
       Open& o = open[rng.Next() % open.size()];
-      if (action == 1) {
+      if (action == 4) {  // a KV move that failed or brought less: still open
+        const uint64_t rebooked = rng.Next() % 20000;
+        const absl::Status rebook = o.ticket->Rebook(rebooked);
+        REQUIRE(rebook.ok() == !o.first);
+        if (rebook.ok()) o.prefill = rebooked;
+      } else if (action == 1) {
         o.ticket->FirstToken();
         o.first = true;
       } else if (action == 2) {
@@ -143,7 +180,7 @@ TEST_CASE("load ledger: the loads always equal the open tickets' sums (property)
       } else {
         o.ticket.reset();  // dropped
       }
-      if (action != 1) {
+      if (action == 2 || action == 3) {
         std::swap(o, open.back());
         open.pop_back();
       }

@@ -355,6 +355,10 @@ def run_ear(args, start):
               f"session {mover} moved off the hot instance {hot}: {k}")
         check(k["cached_tokens"] >= len(contexts[mover]),
               f"the move brought the context ({len(contexts[mover])} tokens): {k}")
+        # The ledger booked what the move left to prefill (the move's answer,
+        # not the policy's block-rounded estimate).
+        check(k["prefill_booked_tokens"] == len(prompt) - len(contexts[mover]),
+              f"booked the append ({len(prompt) - len(contexts[mover])} tokens): {k}")
         contexts[mover] = prompt + r["choices"][0]["text"]
         rb = running.result()
         check(rb["kvc"]["decode_worker"] == hot, f"the long turn stayed home: {rb['kvc']}")

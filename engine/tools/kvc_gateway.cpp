@@ -582,15 +582,20 @@ class AffinityGateway final : public GatewayBase {
     const WorkerId instance = placement->instance;
     bool moved = false;
     if (placement->migrate_from != kNoWorker) {
-      // The session's KV goes first; if the move fails or brings nothing
-      // the instance prefills the whole context instead (booked above as
-      // if the move had worked: the ledger under-counts that prefill).
+      // The session's KV goes first. What the move kept replaces the
+      // policy's estimate in the ledger: if it failed or brought nothing the
+      // instance prefills the whole input, and the instances placed next
+      // must see that work.
       absl::StatusOr<uint64_t> kept =
           transport_->MoveSessionKv(placement->migrate_from, instance, turn.session);
       moved = kept.ok() && *kept > 0;
+      const uint64_t held = kept.ok() ? std::min(request.input_tokens, *kept) : 0;
+      // Cannot fail: the prefill is still pending and no larger than booked input.
+      ticket->Rebook(request.input_tokens - held).IgnoreError();
       std::lock_guard<std::mutex> lock(policy_mu_);
       ++(moved ? migrations_ok_ : kept.ok() ? migrations_empty_ : migrations_failed_);
     }
+    const uint64_t prefill_booked = ticket->prefill_tokens();
     engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
         turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
     const absl::Status ran = transport_->RunOnInstance(instance, request.request);
@@ -632,6 +637,7 @@ class AffinityGateway final : public GatewayBase {
                                       ? json(nullptr)
                                       : json(placement->migrate_from)},
                 {"migrated", moved},
+                {"prefill_booked_tokens", prefill_booked},
                 {"held_s", held_s},
                 {"prefix_blocks", request.request.prefix_hashes.size()}};
     if (answer.contains("cached_tokens")) kvc["cached_tokens"] = answer["cached_tokens"];

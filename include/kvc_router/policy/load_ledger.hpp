@@ -14,6 +14,8 @@
 // exactly once: its prefill share at `FirstToken()` (or when it finishes or
 // is dropped without one) and its running slot at `Finish()` or in its
 // destructor, so a transport that throws or an early return loses nothing.
+// `Rebook()` corrects the prefill share before the first token when the
+// placement's estimate proves wrong (a KV move it counted on failed).
 // These policies make no admission RPC; `Admit` says so.
 //
 // The ledger is thread-safe: many gateway threads may start and finish
@@ -115,6 +117,27 @@ class LoadLedger final : public ClusterView {
       FirstToken();
       std::exchange(ledger_, nullptr)->ReleaseRunning(instance_);
     }
+    // The prefill turned out to be `prefill_tokens` instead of what was
+    // booked, before its first token: a KV move the placement counted on
+    // failed or brought less, so the instance prefills more. The ledger then
+    // carries the new figure until FirstToken. Refused, changing nothing,
+    // once the prefill is given back or past kMaxCapacityTokens.
+    absl::Status Rebook(uint64_t prefill_tokens) {
+      if (ledger_ == nullptr || !prefill_open_) {
+        return absl::FailedPreconditionError(
+            "LoadLedger::Ticket::Rebook: the prefill was already given back (first token or "
+            "end seen); nothing is pending to correct");
+      }
+      if (prefill_tokens > kMaxCapacityTokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "LoadLedger::Ticket::Rebook: prefill_tokens ", prefill_tokens, " is above ",
+            kMaxCapacityTokens));
+      }
+      ledger_->ReplacePrefill(prefill_on_, prefill_is_worker_, prefill_tokens_, prefill_tokens);
+      prefill_tokens_ = prefill_tokens;
+      return absl::OkStatus();
+    }
+    uint64_t prefill_tokens() const { return prefill_tokens_; }
     bool finished() const { return ledger_ == nullptr; }
 
    private:
@@ -204,6 +227,11 @@ class LoadLedger final : public ClusterView {
     InstanceLoad& load = is_worker ? prefill_[on] : instances_[on];
     load.pending_prefill_tokens -= tokens;
     if (is_worker) --load.running_requests;
+  }
+  void ReplacePrefill(WorkerId on, bool is_worker, uint64_t booked, uint64_t now_needed) {
+    absl::MutexLock lock(&mu_);
+    InstanceLoad& load = is_worker ? prefill_[on] : instances_[on];
+    load.pending_prefill_tokens = load.pending_prefill_tokens - booked + now_needed;
   }
   void ReleaseRunning(WorkerId instance) {
     absl::MutexLock lock(&mu_);
