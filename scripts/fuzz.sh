@@ -6,7 +6,7 @@
 #   ./scripts/fuzz.sh dispatch   # one target
 #
 # Environment:
-#   KVC_ROUTER_FUZZ_SECONDS=20    seconds per target (5 targets: under 2 minutes
+#   KVC_ROUTER_FUZZ_SECONDS=20    seconds per target (6 targets: about 2 minutes
 #                                 of fuzzing, plus the build)
 #   KVC_ROUTER_FUZZ_CXX=clang++   the clang to use
 #   KVC_ROUTER_JOBS=2             build parallelism
@@ -27,7 +27,7 @@ seconds="${KVC_ROUTER_FUZZ_SECONDS:-20}"
 fuzz_cxx="$(kvc_resolve_cxx "${KVC_ROUTER_FUZZ_CXX:-clang++}")"
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(admission dispatch hasher kv_event trace)
+  targets=(admission dispatch hasher kv_event policy trace)
 fi
 
 # Probe: can this clang link a libFuzzer+ASan+UBSan binary as C++20 and

@@ -8,7 +8,7 @@
 #   c. TSan build of kvc_router_thread_tests, run directly; with the engine targets,
 #      also kvc-gateway + kvc-worker-emulator and the `ear` loopback e2e on them
 #   d. benchmark smoke run (kvc_router_benchmarks and kvc_sim_benchmarks)
-#   e. fuzzing: scripts/fuzz.sh (5 libFuzzer targets, clang, 20 s each;
+#   e. fuzzing: scripts/fuzz.sh (6 libFuzzer targets, clang, 20 s each;
 #      skipped with a message when clang cannot build them)
 # and finally prints "N passed, 0 failed" (N = ctest tests passed in stage a).
 #

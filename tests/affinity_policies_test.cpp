@@ -5,7 +5,8 @@
 // binding and high-cache override, the P/D variants, and ear's migration
 // step: its triggers (pending prefill, memory), target choice, cooldown,
 // never mid-request, no ping-pong under steady load; and ear's load control
-// (which first turns wait at the gateway, and its bookkeeping).
+// (which first turns wait at the gateway, and its bookkeeping); and that
+// every rule refuses an input count past any pool.
 #include "kvc_router/policy/affinity_policies.hpp"
 
 #include <catch2/catch.hpp>
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvc_router/detail/splitmix.hpp"
@@ -57,6 +59,30 @@ TEST_CASE("load-only: the fewest running requests, ties to the lowest id", "[pol
   p = policy->Place(s.Next(1, 1), cluster);
   REQUIRE(p.ok());
   CHECK(p->instance == 2);  // load only: the session's cache on 1 does not matter
+}
+
+TEST_CASE("every affinity rule refuses an input past any pool, naming it, and changes nothing",
+          "[policy][ear]") {
+  // Found by fuzz/policy_fuzzer.cpp: two such counts summed into an
+  // instance's memory wrapped around to a total of zero live tokens.
+  for (AffinityRule rule : {AffinityRule::kLoadOnly, AffinityRule::kLMetric, AffinityRule::kSticky,
+                            AffinityRule::kUnified, AffinityRule::kEar}) {
+    INFO(AffinityRuleName(rule));
+    FakeCluster cluster(Topology::kColocated, 0, 2, 100000);
+    auto policy = Make(rule, 2);
+    GrowingSession s{7};
+    PolicyRequest r = s.Next(0, 3);
+    r.input_tokens = kMaxCapacityTokens + 1;
+    const absl::StatusOr<Placement> refused = policy->Place(r, cluster);
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(test::Message(refused.status()),
+               Catch::Contains("input_tokens " + std::to_string(kMaxCapacityTokens + 1)));
+    CHECK(policy->binding(7) == kNoWorker);
+    CHECK(policy->live_context_tokens() == 0);
+    CHECK(policy->live_sessions() == 0);
+    r.input_tokens = 3 * 16;
+    CHECK(policy->Place(r, cluster).ok());
+  }
 }
 
 TEST_CASE("lmetric: the report's warm-vs-cold example", "[policy][ear]") {

@@ -350,6 +350,13 @@ class AffinityPolicy final : public RoutingPolicy {
           " prefill workers, the cluster has ", cluster.num_instances(), " and ",
           cluster.num_prefill_workers()));
     }
+    // Beyond any pool: a wrapped-around count, which summed into the
+    // per-instance memory would wrap those too.
+    if (request.input_tokens > kMaxCapacityTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": input_tokens ", request.input_tokens, " of session ", request.request.session,
+          " is above ", kMaxCapacityTokens, " (more than any KV pool)"));
+    }
     const SessionId session = request.request.session;
     const double now = cluster.now_s();
     if (options_.rule == AffinityRule::kEar) {
