@@ -453,6 +453,43 @@ def run_ear(args, start):
           "every ticket gave its load back")
     print(f"phase 3: tasks 5 and 7 waited {r5['kvc']['held_s']:.2f} s and "
           f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; modes {modes}")
+
+    # --- "stream": true: OpenAI's event format, same session rules ----------
+    def stream(path, body):
+        req = urllib.request.Request(gateway + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "X-Session-Id": "streamed"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            check(r.headers.get("Content-Type", "").startswith("text/event-stream"),
+                  f"{path}: event stream, got {r.headers.get('Content-Type')}")
+            events = [line[len("data: "):] for line in r.read().decode().split("\n\n") if line]
+        check(events[-1] == "[DONE]", f"{path}: ends with [DONE]: {events[-1:]}")
+        chunks = [json.loads(e) for e in events[:-1]]
+        check(len(chunks) == 2 and chunks[-1]["choices"][0]["finish_reason"] == "length",
+              f"{path}: a text chunk and a last one with the finish reason: {chunks}")
+        return chunks
+
+    prompt = filler(80, 0, 900)
+    chunks = stream("/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "stream": True})
+    text = chunks[0]["choices"][0]["text"]
+    last = chunks[-1]
+    check(chunks[0]["object"] == "text_completion" and text and
+          last["usage"]["completion_tokens"] == MAX_TOKENS and last["kvc"]["turn"] == 0,
+          f"streamed completion: {chunks}")
+    chunks = stream("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                             "max_tokens": MAX_TOKENS, "stream": True})
+    delta = chunks[0]["choices"][0]["delta"]
+    check(chunks[0]["object"] == "chat.completion.chunk" and delta["role"] == "assistant" and
+          delta["content"] and chunks[-1]["choices"][0]["delta"] == {},
+          f"streamed chat: {chunks}")
+    try:
+        http(gateway + "/v1/completions", {"prompt": prompt, "stream": "yes"})
+        check(False, "a non-boolean stream is refused")
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read().decode())["error"]["message"]
+        check(e.code == 400 and "stream" in message and '"yes"' in message,
+              f"stream=\"yes\": HTTP {e.code} {message}")
+    print("streamed: completion and chat as server-sent events")
     return 0
 
 

@@ -24,6 +24,8 @@
 // Endpoints:
 //   POST /v1/completions       {"prompt", "max_tokens"?, "session_id"?, "model"?}
 //   POST /v1/chat/completions  {"messages", "max_tokens"?, "session_id"?, "model"?}
+//        Both also take "stream": true (server-sent events, OpenAI's chunk
+//        format, the whole text in one chunk once the instance answered).
 //        The session comes from the X-Session-Id header, else the body's
 //        "session_id" (or "user"); without one each request is its own
 //        session. A "model" listed with --lora salts the hash chain, so
@@ -95,6 +97,7 @@ struct Turn {
   std::string session_key;
   SessionId session = 0;
   bool anonymous = false;  // no session given: the request is its own session
+  bool stream = false;     // answer as server-sent events (OpenAI "stream": true)
 };
 
 // What both gateways share: parsing, sessions, hashing, the answer.
@@ -220,16 +223,44 @@ class GatewayBase {
     kvc["session"] = turn.session_key;
     res.set_header("X-KVC-Mode", kvc["mode"].get<std::string>());
     res.set_header("X-KVC-Decode-Worker", std::to_string(kvc["decode_worker"].get<WorkerId>()));
-    json out = {{"id", absl::StrCat(turn.chat ? "chatcmpl-" : "cmpl-", request_ids_++)},
+    const std::string id = absl::StrCat(turn.chat ? "chatcmpl-" : "cmpl-", request_ids_++);
+    const json usage = {{"prompt_tokens", turn.tokens.size()},
+                        {"completion_tokens", output.size()},
+                        {"total_tokens", turn.tokens.size() + output.size()}};
+    if (turn.stream) return AnswerStream(turn, id, completion, usage, std::move(kvc), res);
+    json out = {{"id", id},
                 {"object", turn.chat ? "chat.completion" : "text_completion"},
                 {"model", turn.model},
                 {"choices", json::array({choice})},
-                {"usage",
-                 {{"prompt_tokens", turn.tokens.size()},
-                  {"completion_tokens", output.size()},
-                  {"total_tokens", turn.tokens.size() + output.size()}}},
+                {"usage", usage},
                 {"kvc", std::move(kvc)}};
     res.set_content(out.dump(), "application/json");
+  }
+
+  // "stream": true, in the OpenAI event format: a chunk with the text, a
+  // last chunk with the finish reason, usage and `kvc`, then [DONE]. The
+  // text arrives in one chunk once the instance has answered: the example
+  // transport does not stream from the engines (see docs/integration.md).
+  static void AnswerStream(const Turn& turn, const std::string& id, const std::string& completion,
+                           const json& usage, json kvc, httplib::Response& res) {
+    const std::string object = turn.chat ? "chat.completion.chunk" : "text_completion";
+    auto chunk = [&](json choice) {
+      return json{{"id", id}, {"object", object}, {"model", turn.model},
+                  {"choices", json::array({std::move(choice)})}};
+    };
+    json text = turn.chat ? json{{"index", 0},
+                                 {"delta", {{"role", "assistant"}, {"content", completion}}},
+                                 {"finish_reason", nullptr}}
+                          : json{{"index", 0}, {"text", completion}, {"finish_reason", nullptr}};
+    json end = turn.chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}
+                         : json{{"index", 0}, {"text", ""}, {"finish_reason", "length"}};
+    json last = chunk(std::move(end));
+    last["usage"] = usage;
+    last["kvc"] = std::move(kvc);
+    const std::string body = absl::StrCat("data: ", chunk(std::move(text)).dump(), "\n\n",
+                                          "data: ", last.dump(), "\n\n", "data: [DONE]\n\n");
+    res.set_header("Cache-Control", "no-cache");
+    res.set_content(body, "text/event-stream");
   }
 
   std::unique_ptr<engine::HttpWorkerTransport> transport_;
@@ -264,6 +295,12 @@ class GatewayBase {
       return absl::InvalidArgumentError("\"max_tokens\" must be in 1..65536");
     }
     turn.max_tokens = max_tokens_json.get<uint32_t>();
+    if (body.contains("stream") && !body["stream"].is_boolean() && !body["stream"].is_null()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"stream\" must be true or false, got ", body["stream"].dump()));
+    }
+    turn.stream = body.contains("stream") && body["stream"].is_boolean() &&
+                  body["stream"].get<bool>();
     if (body.contains("model") && !body["model"].is_string()) {
       return absl::InvalidArgumentError("\"model\" must be a string");
     }
