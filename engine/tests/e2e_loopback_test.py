@@ -269,8 +269,10 @@ def close_session(gateway, key):
 
 
 def run_ear(args, start):
-    common = ["--block-size", str(BLOCK), "--time-scale", "0.5", "--capacity-tokens",
-              str(EAR_CAPACITY)]
+    # A slower prefill leaves phase 2 a window in which the hot instance's
+    # long prompt is still prefilling.
+    common = ["--block-size", str(BLOCK), "--time-scale", "0.5", "--prefill-scale", "8",
+              "--capacity-tokens", str(EAR_CAPACITY)]
     instances, iprocs = [], []
     for d in range(2):
         port = free_port()
@@ -360,6 +362,19 @@ def run_ear(args, start):
         check(k["prefill_booked_tokens"] == len(prompt) - len(contexts[mover]),
               f"booked the append ({len(prompt) - len(contexts[mover])} tokens): {k}")
         contexts[mover] = prompt + r["choices"][0]["text"]
+        # The instance streams: the long turn's prefill stops counting at its
+        # first token, while it still decodes.
+        deadline = time.time() + 10
+        while True:
+            m = parse_metrics(http(gateway + "/metrics")[1])
+            if m[f'kvc_pending_prefill_tokens{{worker="{hot}"}}'] == 0:
+                break
+            check(time.time() < deadline, "the long turn's prefill was released")
+            time.sleep(0.01)
+        inflight = m[f'kvc_inflight_requests{{worker="{hot}"}}']
+        check(not running.done() and inflight == 1,
+              "released at the first token, while the long turn still decoded: "
+              f"done={running.done()} inflight={inflight}")
         rb = running.result()
         check(rb["kvc"]["decode_worker"] == hot, f"the long turn stayed home: {rb['kvc']}")
         contexts[busy] = long_prompt + rb["choices"][0]["text"]

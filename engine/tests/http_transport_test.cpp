@@ -57,6 +57,49 @@ class FakeWorker {
   std::thread thread_;
 };
 
+// An instance that answers /generate as server-sent events: `head` first,
+// then (with `wait`, after the client saw its first token or 5 s) `tail`;
+// records whether the first token was seen before the tail went out.
+class StreamingWorker {
+ public:
+  StreamingWorker(std::string head, std::string tail, int status = 200, bool wait = true)
+      : head_(std::move(head)), tail_(std::move(tail)) {
+    server_.Post("/generate", [this, status, wait](const httplib::Request& req,
+                                                   httplib::Response& res) {
+      last_body_ = req.body;
+      res.status = status;
+      res.set_chunked_content_provider(
+          "text/event-stream", [this, wait](size_t, httplib::DataSink& sink) {
+            if (!sink.write(head_.data(), head_.size())) return false;
+            for (int i = 0; wait && i < 500 && !first_token_seen.load(); ++i) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+            seen_before_tail = first_token_seen.load();
+            if (!tail_.empty() && !sink.write(tail_.data(), tail_.size())) return false;
+            sink.done();
+            return true;
+          });
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~StreamingWorker() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  nlohmann::json last_body() const { return nlohmann::json::parse(last_body_); }
+
+  std::atomic<bool> first_token_seen{false};
+  std::atomic<bool> seen_before_tail{false};
+
+ private:
+  std::string head_, tail_, last_body_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
 // A port nothing listens on.
 std::string DeadUrl() {
   httplib::Server probe;
@@ -134,6 +177,81 @@ TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the r
   CHECK((*transport)->RunOnInstance(3, request).code() == absl::StatusCode::kInvalidArgument);
   CHECK((*transport)->MoveSessionKv(0, 2, 9).status().code() == absl::StatusCode::kUnavailable);
   CHECK((*transport)->CloseSession(2, 9).code() == absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("a streamed turn signals its first token once, before the answer arrives",
+          "[engine][http]") {
+  StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n",
+                         R"(data: {"text":"hi","output_token_ids":[104,105]})" "\n\n"
+                         "data: [DONE]\n\n");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 4;
+  request.turn = 1;
+  int calls = 0;
+  auto attachment = (*transport)->Attach(4, {{"token_ids", {5, 6}}, {"max_tokens", 2}}, [&] {
+    ++calls;
+    worker.first_token_seen = true;
+  });
+  REQUIRE((*transport)->RunOnInstance(0, request).ok());
+  CHECK(calls == 1);
+  CHECK(worker.seen_before_tail.load());
+  CHECK(worker.last_body()["stream"] == true);
+  CHECK(worker.last_body()["mode"] == "cache");
+  CHECK(attachment.response()["output_token_ids"] == nlohmann::json{104, 105});
+}
+
+TEST_CASE("a streamed turn: plain JSON, a cut stream, a bad event, an error status",
+          "[engine][http]") {
+  Request request;
+  request.session = 4;
+  int calls = 0;
+  auto count = [&] { ++calls; };
+  SECTION("a worker that ignores stream answers plain JSON: the first token is its answer") {
+    FakeWorker plain(R"({"can_admit": true, "mode": "direct"})");
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {plain.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(4, {{"token_ids", {5}}}, count);
+    REQUIRE((*transport)->RunOnInstance(0, request).ok());
+    CHECK(calls == 1);
+    CHECK(attachment.response()["text"] == "hi");
+    CHECK(plain.last_body()["stream"] == true);
+  }
+  SECTION("a stream cut before the answer is unavailable (its first token still counted)") {
+    StreamingWorker cut(R"(data: {"token_ids":[104]})" "\n\n", "", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {cut.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(4, {{"token_ids", {5}}}, [&] {
+      ++calls;
+      cut.first_token_seen = true;
+    });
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("ended without an answer"));
+    CHECK(calls == 1);
+    CHECK(attachment.response().is_null());
+  }
+  SECTION("an event that is not JSON is unavailable") {
+    StreamingWorker bad("data: {oops\n\n", "data: [DONE]\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(4, {{"token_ids", {5}}}, count);
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("not JSON"));
+  }
+  SECTION("an error status is unavailable and names the status and the body") {
+    StreamingWorker failing(R"({"error":"out of memory"})", "", 500, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {failing.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(4, {{"token_ids", {5}}}, count);
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("HTTP 500"));
+    CHECK_THAT(std::string(s.message()), Catch::Contains("out of memory"));
+    CHECK(calls == 0);
+  }
 }
 
 TEST_CASE("no answer, a timeout or a bad answer is worker-unavailable", "[engine][http]") {

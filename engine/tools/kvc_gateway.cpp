@@ -633,11 +633,13 @@ class AffinityGateway final : public GatewayBase {
       ++(moved ? migrations_ok_ : kept.ok() ? migrations_empty_ : migrations_failed_);
     }
     const uint64_t prefill_booked = ticket->prefill_tokens();
+    // The instance streams: its prefill stops counting as pending at the
+    // first token, as ear's placement and hot trigger assume (an instance
+    // that answers in one piece releases it at the answer).
     engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
-        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
+        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}},
+        [&ticket] { ticket->FirstToken(); });
     const absl::Status ran = transport_->RunOnInstance(instance, request.request);
-    // Answers are not streamed here, so the prefill counts as pending until
-    // the answer; a streaming gateway calls FirstToken on the first chunk.
     ticket->Finish();
     if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
       s.served.push_back(instance);

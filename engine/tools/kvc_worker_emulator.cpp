@@ -9,8 +9,11 @@
 // policies (`kvc-gateway --policy ear`): no admission RPC; /generate
 // serves from whatever the session left in the pool and keeps its context
 // afterwards, evicting the least recently used idle sessions past
-// --capacity-tokens; /migrate_kv pulls a session's KV from another
-// instance (a stand-in for a KV connector), and /close_session drops it.
+// --capacity-tokens; with "stream": true it answers as server-sent events,
+// the first token when the prefill is done and the whole answer at the end
+// (--prefill-scale stretches the prefill alone); /migrate_kv pulls a
+// session's KV from another instance (a stand-in for a KV connector), and
+// /close_session drops it.
 //
 //   kvc-worker-emulator --role decode --port 30001 --capacity-tokens 20000
 //       --block-size 16 --kv-events tcp://127.0.0.1:5557 --kv-replay tcp://127.0.0.1:5558
@@ -23,11 +26,14 @@
 // eviction publishes BlockRemoved for the blocks no session holds anymore.
 // Replies carry deterministic output text, so a test can check them.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -76,12 +82,13 @@ class Worker {
  public:
   Worker(AdmissionController admit, sim::CostModel cost, double time_scale, uint32_t block_size,
          std::unique_ptr<engine::KvEventPublisher> publisher, bool cache_role,
-         uint64_t cache_capacity_tokens)
+         uint64_t cache_capacity_tokens, double prefill_scale)
       : cache_role_(cache_role),
         cache_capacity_tokens_(cache_capacity_tokens),
         admit_(std::move(admit)),
         cost_(cost),
         time_scale_(time_scale),
+        prefill_scale_(prefill_scale),
         block_size_(block_size),
         root_(std::random_device{}() | (uint64_t{std::random_device{}()} << 32)),
         publisher_(std::move(publisher)) {}
@@ -148,37 +155,60 @@ class Worker {
                 {"seconds", seconds}};
   }
 
-  // Instance role: serve from the session's cached context, keep it after.
-  json GenerateCached(SessionId session, uint32_t turn, const std::vector<TokenId>& context,
-                      uint32_t max_tokens) {
-    uint64_t cached = 0;
+  // Instance role: one turn served from the session's cached context, in
+  // two steps so that it can be streamed: BeginCached takes the request in
+  // (and prices its prefill and decode), FinishCached answers it and keeps
+  // the context. Every begun turn must be finished exactly once.
+  struct CachedTurn {
+    SessionId session = 0;
+    uint32_t turn = 0;
+    std::vector<TokenId> context;
+    std::vector<TokenId> output;
+    uint64_t cached = 0, fresh = 0;
+    double prefill_s = 0, decode_s = 0;  // cost-model seconds, before --time-scale
+  };
+  CachedTurn BeginCached(SessionId session, uint32_t turn, std::vector<TokenId> context,
+                         uint32_t max_tokens) {
+    CachedTurn t{.session = session, .turn = turn, .context = std::move(context)};
     uint64_t batch = 0;
     {
       absl::MutexLock lock(&mu_);
       auto it = kv_.find(session);
-      if (it != kv_.end()) cached = CommonPrefix(it->second.tokens, context);
+      if (it != kv_.end()) t.cached = CommonPrefix(it->second.tokens, t.context);
       ++busy_[session];
       batch = ++running_;
     }
-    const uint64_t fresh = context.size() - cached;
-    double seconds = fresh > 0 ? cost_.PrefillSeconds(fresh, cached) : 0.0;
+    t.fresh = t.context.size() - t.cached;
+    t.prefill_s = t.fresh > 0 ? prefill_scale_ * cost_.PrefillSeconds(t.fresh, t.cached) : 0.0;
     for (uint32_t i = 0; i < max_tokens; ++i) {
-      seconds += cost_.DecodeStepSeconds(batch, context.size() + i);
+      t.decode_s += cost_.DecodeStepSeconds(batch, t.context.size() + i);
     }
-    Sleep(seconds);
-    std::vector<TokenId> output = Answer(session, turn, max_tokens);
-    std::vector<TokenId> full = context;
-    full.insert(full.end(), output.begin(), output.end());
+    t.output = Answer(session, turn, max_tokens);
+    return t;
+  }
+  json FinishCached(const CachedTurn& t) {
+    std::vector<TokenId> full = t.context;
+    full.insert(full.end(), t.output.begin(), t.output.end());
     absl::MutexLock lock(&mu_);
     --running_;
     ++generated_;
-    if (--busy_[session] == 0) busy_.erase(session);
-    KeepCachedLocked(session, std::move(full));
-    return json{{"text", std::string(output.begin(), output.end())},
-                {"output_token_ids", output},
-                {"cached_tokens", cached},
-                {"prefill_tokens", fresh},
-                {"seconds", seconds}};
+    if (--busy_[t.session] == 0) busy_.erase(t.session);
+    KeepCachedLocked(t.session, std::move(full));
+    return json{{"text", std::string(t.output.begin(), t.output.end())},
+                {"output_token_ids", t.output},
+                {"cached_tokens", t.cached},
+                {"prefill_tokens", t.fresh},
+                {"seconds", t.prefill_s + t.decode_s}};
+  }
+  json GenerateCached(SessionId session, uint32_t turn, const std::vector<TokenId>& context,
+                      uint32_t max_tokens) {
+    const CachedTurn t = BeginCached(session, turn, context, max_tokens);
+    Sleep(t.prefill_s + t.decode_s);
+    return FinishCached(t);
+  }
+
+  void Sleep(double seconds) const {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds * time_scale_));
   }
 
   // Instance role: what this instance holds of `session` (its tokens), for
@@ -328,10 +358,6 @@ class Worker {
     return n;
   }
 
-  void Sleep(double seconds) const {
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds * time_scale_));
-  }
-
   std::vector<BlockHash> EngineBlocks(const std::vector<TokenId>& tokens) const {
     std::vector<BlockHash> out;
     BlockHash parent = root_;
@@ -412,6 +438,7 @@ class Worker {
   AdmissionController admit_;  // decode role: Algorithm 2 and its pool
   sim::CostModel cost_;
   double time_scale_;
+  const double prefill_scale_;  // instance role: multiplies prefill time only
   uint32_t block_size_;
   BlockHash root_;
   std::unique_ptr<engine::KvEventPublisher> publisher_;
@@ -454,6 +481,7 @@ int main(int argc, char** argv) {
   AdmissionConfig admission;
   uint32_t block_size = 16;
   double time_scale = 0.01;
+  double prefill_scale = 1.0;
   std::string events_endpoint, replay_endpoint, topic;
   size_t buffer_steps = 10000;
   app.add_option("--role", role, "decode, prefill or instance (colocated, cache-keeping)")
@@ -469,6 +497,10 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", block_size, "engine KV block size (tokens)")->capture_default_str();
   app.add_option("--time-scale", time_scale, "multiplies every cost-model duration")
       ->capture_default_str();
+  app.add_option("--prefill-scale", prefill_scale,
+                 "instance role: multiplies prefill time only (a slower GPU's prefill, or a "
+                 "window a test can observe)")
+      ->capture_default_str();
   app.add_option("--kv-events", events_endpoint, "PUB endpoint to bind (vLLM wire format)");
   app.add_option("--kv-replay", replay_endpoint, "ROUTER replay endpoint to bind");
   app.add_option("--kv-topic", topic, "topic frame of every event message");
@@ -480,8 +512,10 @@ int main(int argc, char** argv) {
     std::cerr << "kvc-worker-emulator: " << admit.status().message() << "\n";
     return 2;
   }
-  if (block_size == 0 || !(time_scale >= 0)) {
-    std::cerr << "kvc-worker-emulator: --block-size must be >= 1 and --time-scale >= 0\n";
+  if (block_size == 0 || !(time_scale >= 0) || !(prefill_scale >= 0) ||
+      !std::isfinite(time_scale) || !std::isfinite(prefill_scale)) {
+    std::cerr << "kvc-worker-emulator: --block-size must be >= 1, --time-scale and "
+                 "--prefill-scale finite and >= 0\n";
     return 2;
   }
   std::unique_ptr<engine::KvEventPublisher> publisher;
@@ -497,7 +531,8 @@ int main(int argc, char** argv) {
     publisher = std::move(*created);
   }
   Worker worker(std::move(*admit), sim::CostModel::LoopbackTcp(), time_scale, block_size,
-                std::move(publisher), role == "instance", admission.capacity_tokens);
+                std::move(publisher), role == "instance", admission.capacity_tokens,
+                prefill_scale);
 
   httplib::Server server;
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
@@ -548,7 +583,41 @@ int main(int argc, char** argv) {
       std::vector<TokenId> tokens;
       uint32_t turn = 0, max_tokens = 0;
       if (!session_body(req, res, body, tokens) || !turn_fields(body, res, turn, max_tokens)) return;
-      Reply(res, worker.GenerateCached(body["session_id"].get<uint64_t>(), turn, tokens, max_tokens));
+      const json stream = body.value("stream", json(false));
+      if (!stream.is_boolean()) {
+        return Reply(res, json{{"error", "\"stream\" must be true or false, got " + stream.dump()}},
+                     400);
+      }
+      const SessionId session = body["session_id"].get<uint64_t>();
+      if (!stream.get<bool>()) {
+        return Reply(res, worker.GenerateCached(session, turn, tokens, max_tokens));
+      }
+      // Streamed: the first token once the prefill is done, the answer once
+      // decoding is; the turn is finished exactly once, also when the client
+      // goes away mid-stream (the releaser runs either way).
+      auto turn_state = std::make_shared<Worker::CachedTurn>(
+          worker.BeginCached(session, turn, std::move(tokens), max_tokens));
+      auto finished = std::make_shared<bool>(false);
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [&worker, turn_state, finished](size_t, httplib::DataSink& sink) {
+            const Worker::CachedTurn& t = *turn_state;
+            worker.Sleep(t.prefill_s);
+            json first = {{"token_ids", json::array()}};
+            if (!t.output.empty()) first["token_ids"].push_back(t.output.front());
+            const std::string head = "data: " + first.dump() + "\n\n";
+            if (!sink.write(head.data(), head.size())) return false;
+            worker.Sleep(t.decode_s);
+            *finished = true;
+            const std::string tail =
+                "data: " + worker.FinishCached(t).dump() + "\n\ndata: [DONE]\n\n";
+            if (!sink.write(tail.data(), tail.size())) return false;
+            sink.done();
+            return true;
+          },
+          [&worker, turn_state, finished](bool) {
+            if (!std::exchange(*finished, true)) (void)worker.FinishCached(*turn_state);
+          });
     });
     server.Post("/export_kv", [&](const httplib::Request& req, httplib::Response& res) {
       json body;

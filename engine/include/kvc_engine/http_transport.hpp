@@ -30,6 +30,14 @@
 // carries only hashes and counts. The JSON answer of the last generate call
 // is handed back through the same attachment.
 //
+// First token: an attachment made with an `on_first_token` callback asks
+// the generate call to stream ("stream": true) and reads the answer as
+// server-sent events, `data: {json}` each, ending with `data: [DONE]`: the
+// callback runs once, on the first event (the prefill is done then; a
+// LoadLedger ticket's FirstToken belongs there), and the answer is the last
+// event carrying "output_token_ids". A worker that ignores "stream" and
+// answers plain JSON still works: the callback then runs when it arrives.
+//
 // Errors: a connection failure, a timeout or an HTTP status other than 200
 // on the admission RPC is returned as UnavailableError("worker-unavailable:
 // ..."), which Dispatch counts as a `worker-unavailable` rejection; a bad
@@ -47,9 +55,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -176,6 +186,7 @@ class HttpWorkerTransport {
     friend class HttpWorkerTransport;
     struct Slot {
       nlohmann::json payload;
+      std::function<void()> on_first_token;  // empty: no streaming
       mutable absl::Mutex mu;
       nlohmann::json response;
     };
@@ -203,9 +214,13 @@ class HttpWorkerTransport {
 
   // Attaches `payload` (a JSON object) to the generate calls of `session`'s
   // request until the returned attachment is destroyed.
-  Attachment Attach(SessionId session, nlohmann::json payload) {
+  // With `on_first_token`, the generate call streams and the callback runs
+  // once, on the calling thread, when the first token arrives (see the top).
+  Attachment Attach(SessionId session, nlohmann::json payload,
+                    std::function<void()> on_first_token = nullptr) {
     auto slot = std::make_shared<Attachment::Slot>();
     slot->payload = std::move(payload);
+    slot->on_first_token = std::move(on_first_token);
     absl::MutexLock lock(&mu_);
     slots_[session] = slot;
     return Attachment(this, session, std::move(slot));
@@ -307,7 +322,11 @@ class HttpWorkerTransport {
     body["session_id"] = request.session;
     body["turn"] = request.turn;
     for (auto& [key, value] : extra.items()) body[key] = value;
-    absl::StatusOr<nlohmann::json> answer = Post(url, path, body, options_.generate_timeout);
+    const bool stream = keep_response && slot != nullptr && slot->on_first_token != nullptr;
+    if (stream) body["stream"] = true;
+    absl::StatusOr<nlohmann::json> answer =
+        stream ? PostStreaming(url, path, body, slot->on_first_token)
+               : Post(url, path, body, options_.generate_timeout);
     if (!answer.ok()) return answer.status();
     if (keep_response && slot != nullptr) {
       absl::MutexLock lock(&slot->mu);
@@ -337,6 +356,76 @@ class HttpWorkerTransport {
     if (answer.is_discarded()) {
       return absl::UnavailableError(
           absl::StrCat("worker-unavailable: POST ", url, path, ": the answer is not JSON"));
+    }
+    return answer;
+  }
+
+  // A generate call answered as server-sent events: `first_token` runs on
+  // the first event, the answer is the last event with "output_token_ids".
+  // A plain JSON answer (a worker that does not stream) is taken as is.
+  absl::StatusOr<nlohmann::json> PostStreaming(const std::string& url, const char* path,
+                                               const nlohmann::json& body,
+                                               const std::function<void()>& first_token) const {
+    httplib::Client client(url);
+    client.set_connection_timeout(options_.connect_timeout);
+    client.set_read_timeout(options_.generate_timeout);
+    client.set_write_timeout(options_.generate_timeout);
+    std::string raw;      // everything received, for a non-streamed or failed answer
+    std::string pending;  // received bytes not yet split into events
+    nlohmann::json answer;
+    bool signalled = false, done = false, malformed = false;
+    auto signal = [&] {
+      if (!std::exchange(signalled, true)) first_token();
+    };
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.set_header("Accept", "text/event-stream");
+    req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
+      if (raw.size() < 4096) raw.append(data, std::min<size_t>(length, 4096 - raw.size()));
+      pending.append(data, length);
+      for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+        const std::string event = pending.substr(0, end);
+        pending.erase(0, end + 2);
+        if (event.rfind("data: ", 0) != 0) continue;  // comments, other fields
+        const std::string_view payload = std::string_view(event).substr(6);
+        if (payload == "[DONE]") {
+          done = true;
+          continue;
+        }
+        nlohmann::json chunk = nlohmann::json::parse(payload, nullptr, false);
+        if (chunk.is_discarded()) {
+          malformed = true;
+          continue;
+        }
+        signal();
+        if (chunk.is_object() && chunk.contains("output_token_ids")) answer = std::move(chunk);
+      }
+      return true;
+    };
+    httplib::Result result = client.send(req);
+    if (!result) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ",
+                                                 httplib::to_string(result.error())));
+    }
+    if (result->status != 200) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path,
+                                                 ": HTTP ", result->status, " ",
+                                                 raw.substr(0, 200)));
+    }
+    if (!done && answer.is_null() && !malformed) {  // not a stream: plain JSON
+      nlohmann::json plain = nlohmann::json::parse(pending, nullptr, false);
+      if (!plain.is_discarded() && plain.is_object()) {
+        signal();
+        return plain;
+      }
+    }
+    if (malformed || answer.is_null()) {
+      return absl::UnavailableError(absl::StrCat(
+          "worker-unavailable: POST ", url, path,
+          malformed ? ": an event is not JSON" : ": the stream ended without an answer"));
     }
     return answer;
   }
