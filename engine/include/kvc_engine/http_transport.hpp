@@ -335,14 +335,19 @@ class HttpWorkerTransport {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<nlohmann::json> Post(const std::string& url, const char* path,
-                                      const nlohmann::json& body,
-                                      std::chrono::milliseconds timeout) const {
-    httplib::Client client(url);
-    client.set_connection_timeout(options_.connect_timeout);
-    client.set_read_timeout(timeout);
-    client.set_write_timeout(timeout);
-    httplib::Result result = client.Post(path, body.dump(), "application/json");
+  std::unique_ptr<httplib::Client> ClientFor(const std::string& url,
+                                             std::chrono::milliseconds timeout) const {
+    auto client = std::make_unique<httplib::Client>(url);
+    client->set_connection_timeout(options_.connect_timeout);
+    client->set_read_timeout(timeout);
+    client->set_write_timeout(timeout);
+    return client;
+  }
+
+  // OK when the worker answered 200; else worker-unavailable, naming the
+  // call, and the connection error or the status and the start of `body`.
+  static absl::Status Answered(const httplib::Result& result, const std::string& url,
+                               const char* path, const std::string& body) {
     if (!result) {
       return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ",
                                                  httplib::to_string(result.error())));
@@ -350,7 +355,18 @@ class HttpWorkerTransport {
     if (result->status != 200) {
       return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path,
                                                  ": HTTP ", result->status, " ",
-                                                 result->body.substr(0, 200)));
+                                                 body.substr(0, 200)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<nlohmann::json> Post(const std::string& url, const char* path,
+                                      const nlohmann::json& body,
+                                      std::chrono::milliseconds timeout) const {
+    std::unique_ptr<httplib::Client> client = ClientFor(url, timeout);
+    httplib::Result result = client->Post(path, body.dump(), "application/json");
+    if (absl::Status s = Answered(result, url, path, result ? result->body : std::string()); !s.ok()) {
+      return s;
     }
     nlohmann::json answer = nlohmann::json::parse(result->body, nullptr, false);
     if (answer.is_discarded()) {
@@ -366,10 +382,7 @@ class HttpWorkerTransport {
   absl::StatusOr<nlohmann::json> PostStreaming(const std::string& url, const char* path,
                                                const nlohmann::json& body,
                                                const std::function<void()>& first_token) const {
-    httplib::Client client(url);
-    client.set_connection_timeout(options_.connect_timeout);
-    client.set_read_timeout(options_.generate_timeout);
-    client.set_write_timeout(options_.generate_timeout);
+    std::unique_ptr<httplib::Client> client = ClientFor(url, options_.generate_timeout);
     std::string raw;      // everything received, for a non-streamed or failed answer
     std::string pending;  // received bytes not yet split into events
     nlohmann::json answer;
@@ -405,16 +418,8 @@ class HttpWorkerTransport {
       }
       return true;
     };
-    httplib::Result result = client.send(req);
-    if (!result) {
-      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ",
-                                                 httplib::to_string(result.error())));
-    }
-    if (result->status != 200) {
-      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path,
-                                                 ": HTTP ", result->status, " ",
-                                                 raw.substr(0, 200)));
-    }
+    httplib::Result result = client->send(req);
+    if (absl::Status s = Answered(result, url, path, raw); !s.ok()) return s;
     if (!done && answer.is_null() && !malformed) {  // not a stream: plain JSON
       nlohmann::json plain = nlohmann::json::parse(pending, nullptr, false);
       if (!plain.is_discarded() && plain.is_object()) {
