@@ -2,7 +2,10 @@
 
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <algorithm>
 #include <chrono>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -70,7 +73,12 @@ class StreamingWorker {
       res.status = status;
       res.set_chunked_content_provider(
           "text/event-stream", [this, wait](size_t, httplib::DataSink& sink) {
-            if (!sink.write(head_.data(), head_.size())) return false;
+            // A few bytes per write: events arrive split across reads.
+            for (size_t at = 0; at < head_.size(); at += 3) {
+              if (!sink.write(head_.data() + at, std::min<size_t>(3, head_.size() - at))) {
+                return false;
+              }
+            }
             for (int i = 0; wait && i < 500 && !first_token_seen.load(); ++i) {
               std::this_thread::sleep_for(std::chrono::milliseconds(10));
             }
@@ -200,6 +208,59 @@ TEST_CASE("a streamed turn signals its first token once, before the answer arriv
   CHECK(worker.last_body()["stream"] == true);
   CHECK(worker.last_body()["mode"] == "cache");
   CHECK(attachment.response()["output_token_ids"] == nlohmann::json{104, 105});
+}
+
+TEST_CASE("a streamed turn in the SSE format's other spellings", "[engine][http]") {
+  // \r\n line ends, no space after "data:", an event name, an id, a
+  // comment, a data field split over two lines, and a last event without
+  // its blank line before the stream ends.
+  StreamingWorker worker(": keep-alive\r\nevent: token\r\nid: 1\r\ndata:{\"token_ids\":\r\n"
+                         "data: [104]}\r\n\r\n",
+                         "data: {\"text\":\"hi\",\"output_token_ids\":[104,105]}");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 5;
+  int calls = 0;
+  auto attachment = (*transport)->Attach(5, {{"token_ids", {5}}}, [&] {
+    ++calls;
+    worker.first_token_seen = true;
+  });
+  const absl::Status s = (*transport)->RunOnInstance(0, request);
+  REQUIRE(s.ok());
+  CHECK(calls == 1);
+  CHECK(worker.seen_before_tail.load());
+  CHECK(attachment.response()["output_token_ids"] == nlohmann::json{104, 105});
+}
+
+TEST_CASE("an attachment that ends leaves a later one of the same session attached",
+          "[engine][http]") {
+  FakeWorker worker(R"({"can_admit": true, "mode": "direct"})");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 7;
+  std::optional<HttpWorkerTransport::Attachment> first;
+  first.emplace((*transport)->Attach(7, {{"max_tokens", 1}}));
+  auto second = (*transport)->Attach(7, {{"max_tokens", 2}});
+  first.reset();
+  REQUIRE((*transport)->RunOnInstance(0, request).ok());
+  CHECK(worker.last_body()["max_tokens"] == 2);
+  CHECK(second.response()["text"] == "hi");
+}
+
+TEST_CASE("a first-token callback that throws ends the call with its exception",
+          "[engine][http]") {
+  StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n",
+                         R"(data: {"output_token_ids":[104]})" "\n\n", 200, /*wait=*/false);
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 6;
+  auto attachment = (*transport)->Attach(6, {{"token_ids", {5}}},
+                                         [] { throw std::runtime_error("ledger gone"); });
+  CHECK_THROWS_WITH((*transport)->RunOnInstance(0, request), "ledger gone");
+  CHECK(attachment.response().is_null());
 }
 
 TEST_CASE("a streamed turn: plain JSON, a cut stream, a bad event, an error status",

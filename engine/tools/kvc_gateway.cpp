@@ -239,8 +239,9 @@ class GatewayBase {
 
   // "stream": true, in the OpenAI event format: a chunk with the text, a
   // last chunk with the finish reason, usage and `kvc`, then [DONE]. The
-  // text arrives in one chunk once the instance has answered: the example
-  // transport does not stream from the engines (see docs/integration.md).
+  // text arrives in one chunk once the instance has answered: the gateway
+  // reads the instance's stream for the first token only and relays
+  // nothing before the answer (see docs/integration.md).
   static void AnswerStream(const Turn& turn, const std::string& id, const std::string& completion,
                            const json& usage, json kvc, httplib::Response& res) {
     const std::string object = turn.chat ? "chat.completion.chunk" : "text_completion";
@@ -621,7 +622,8 @@ class AffinityGateway final : public GatewayBase {
     if (placement->migrate_from != kNoWorker) {
       // The session's KV goes first. What the move kept replaces the
       // policy's estimate in the ledger: if it failed or brought nothing the
-      // instance prefills the whole input, and the instances placed next
+      // instance prefills the whole input (booked whole: an over-count when
+      // the target still holds part of it), and the placements that follow
       // must see that work.
       absl::StatusOr<uint64_t> kept =
           transport_->MoveSessionKv(placement->migrate_from, instance, turn.session);

@@ -32,11 +32,13 @@
 //
 // First token: an attachment made with an `on_first_token` callback asks
 // the generate call to stream ("stream": true) and reads the answer as
-// server-sent events, `data: {json}` each, ending with `data: [DONE]`: the
-// callback runs once, on the first event (the prefill is done then; a
-// LoadLedger ticket's FirstToken belongs there), and the answer is the last
-// event carrying "output_token_ids". A worker that ignores "stream" and
-// answers plain JSON still works: the callback then runs when it arrives.
+// server-sent events (any of the SSE format's line endings), a JSON object
+// in each event's data, `[DONE]` allowed last: the callback runs once, on
+// the first event (the prefill is done then; a LoadLedger ticket's
+// FirstToken belongs there), and the answer is the last event carrying
+// "output_token_ids". A worker that ignores "stream" and answers plain JSON
+// still works: the callback then runs when it arrives. An exception thrown
+// by the callback ends the call and reaches the caller unchanged.
 //
 // Errors: a connection failure, a timeout or an HTTP status other than 200
 // on the admission RPC is returned as UnavailableError("worker-unavailable:
@@ -55,6 +57,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -175,7 +178,7 @@ class HttpWorkerTransport {
     Attachment& operator=(Attachment&&) = delete;
     Attachment(const Attachment&) = delete;
     ~Attachment() {
-      if (transport_ != nullptr) transport_->Detach(session_);
+      if (transport_ != nullptr) transport_->Detach(session_, slot_);
     }
     nlohmann::json response() const {
       absl::MutexLock lock(&slot_->mu);
@@ -213,7 +216,9 @@ class HttpWorkerTransport {
   }
 
   // Attaches `payload` (a JSON object) to the generate calls of `session`'s
-  // request until the returned attachment is destroyed.
+  // request until the returned attachment is destroyed. One request per
+  // session at a time: a second Attach for the session takes over its
+  // generate calls (a gateway serialises each session's turns anyway).
   // With `on_first_token`, the generate call streams and the callback runs
   // once, on the calling thread, when the first token arrives (see the top).
   Attachment Attach(SessionId session, nlohmann::json payload,
@@ -299,9 +304,12 @@ class HttpWorkerTransport {
         absl::StrCat("HttpWorkerTransport: unknown ", pool, " worker ", worker));
   }
 
-  void Detach(SessionId session) {
+  // Only the slot this attachment made: a later Attach for the session
+  // replaced it, and that one stays.
+  void Detach(SessionId session, const std::shared_ptr<Attachment::Slot>& slot) {
     absl::MutexLock lock(&mu_);
-    slots_.erase(session);
+    auto it = slots_.find(session);
+    if (it != slots_.end() && it->second == slot) slots_.erase(it);
   }
   std::shared_ptr<Attachment::Slot> SlotOf(SessionId session) {
     absl::MutexLock lock(&mu_);
@@ -376,20 +384,104 @@ class HttpWorkerTransport {
     return answer;
   }
 
+  // Server-sent events as the SSE format defines them: lines end in \n,
+  // \r\n or \r; a blank line ends an event; its `data:` lines (one optional
+  // space after the colon) are joined with \n; comments and other fields
+  // are skipped. Each event's data goes to `on_data`; Feed returns false
+  // once `on_data` does.
+  class EventStreamReader {
+   public:
+    explicit EventStreamReader(std::function<bool(const std::string&)> on_data)
+        : on_data_(std::move(on_data)) {}
+    bool Feed(const char* bytes, size_t length) {
+      pending_.append(bytes, length);
+      return Lines(/*at_end=*/false);
+    }
+    // The stream ended: a last line or event without its terminator counts.
+    bool Finish() { return Lines(/*at_end=*/true) && Dispatch(); }
+    bool saw_event_stream() const { return saw_field_; }
+
+   private:
+    bool Lines(bool at_end) {
+      size_t start = 0;
+      while (true) {
+        const size_t end = pending_.find_first_of("\r\n", start);
+        if (end == std::string::npos) break;
+        // A \r last in the buffer may be the first half of \r\n.
+        if (pending_[end] == '\r' && end + 1 == pending_.size() && !at_end) break;
+        const std::string line = pending_.substr(start, end - start);
+        start = end + (pending_[end] == '\r' && end + 1 < pending_.size() &&
+                               pending_[end + 1] == '\n'
+                           ? 2
+                           : 1);
+        if (!Line(line)) return false;
+      }
+      pending_.erase(0, start);
+      if (at_end && !pending_.empty()) {
+        const std::string line = std::move(pending_);
+        pending_.clear();
+        return Line(line);
+      }
+      return true;
+    }
+    bool Line(const std::string& line) {
+      if (line.empty()) return Dispatch();
+      if (line[0] == ':') return true;  // a comment
+      const size_t colon = line.find(':');
+      const std::string field = line.substr(0, colon);
+      if (field != "data" && field != "event" && field != "id" && field != "retry") return true;
+      saw_field_ = true;
+      if (field != "data") return true;
+      std::string value = colon == std::string::npos ? std::string() : line.substr(colon + 1);
+      if (!value.empty() && value[0] == ' ') value.erase(0, 1);
+      if (has_data_) data_ += '\n';
+      data_ += value;
+      has_data_ = true;
+      return true;
+    }
+    bool Dispatch() {
+      if (!has_data_) return true;
+      has_data_ = false;
+      return on_data_(std::exchange(data_, std::string()));
+    }
+
+    std::function<bool(const std::string&)> on_data_;
+    std::string pending_, data_;
+    bool has_data_ = false, saw_field_ = false;
+  };
+
   // A generate call answered as server-sent events: `first_token` runs on
   // the first event, the answer is the last event with "output_token_ids".
-  // A plain JSON answer (a worker that does not stream) is taken as is.
+  // A plain JSON answer (a worker that does not stream) is taken as is. An
+  // exception from `first_token` ends the call and reaches the caller.
   absl::StatusOr<nlohmann::json> PostStreaming(const std::string& url, const char* path,
                                                const nlohmann::json& body,
                                                const std::function<void()>& first_token) const {
     std::unique_ptr<httplib::Client> client = ClientFor(url, options_.generate_timeout);
-    std::string raw;      // everything received, for a non-streamed or failed answer
-    std::string pending;  // received bytes not yet split into events
+    std::string whole;  // the body as received: a plain answer, or an error's text
     nlohmann::json answer;
-    bool signalled = false, done = false, malformed = false;
+    bool signalled = false, malformed = false;
+    std::exception_ptr thrown;
     auto signal = [&] {
-      if (!std::exchange(signalled, true)) first_token();
+      if (std::exchange(signalled, true)) return true;
+      try {
+        first_token();
+      } catch (...) {
+        thrown = std::current_exception();
+        return false;
+      }
+      return true;
     };
+    EventStreamReader reader([&](const std::string& data) {
+      if (data == "[DONE]") return true;
+      nlohmann::json event = nlohmann::json::parse(data, nullptr, false);
+      if (event.is_discarded()) {
+        malformed = true;
+        return true;
+      }
+      if (event.is_object() && event.contains("output_token_ids")) answer = std::move(event);
+      return signal();
+    });
     httplib::Request req;
     req.method = "POST";
     req.path = path;
@@ -397,33 +489,19 @@ class HttpWorkerTransport {
     req.set_header("Content-Type", "application/json");
     req.set_header("Accept", "text/event-stream");
     req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-      if (raw.size() < 4096) raw.append(data, std::min<size_t>(length, 4096 - raw.size()));
-      pending.append(data, length);
-      for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
-        const std::string event = pending.substr(0, end);
-        pending.erase(0, end + 2);
-        if (event.rfind("data: ", 0) != 0) continue;  // comments, other fields
-        const std::string_view payload = std::string_view(event).substr(6);
-        if (payload == "[DONE]") {
-          done = true;
-          continue;
-        }
-        nlohmann::json chunk = nlohmann::json::parse(payload, nullptr, false);
-        if (chunk.is_discarded()) {
-          malformed = true;
-          continue;
-        }
-        signal();
-        if (chunk.is_object() && chunk.contains("output_token_ids")) answer = std::move(chunk);
-      }
-      return true;
+      whole.append(data, length);
+      return reader.Feed(data, length);
     };
     httplib::Result result = client->send(req);
-    if (absl::Status s = Answered(result, url, path, raw); !s.ok()) return s;
-    if (!done && answer.is_null() && !malformed) {  // not a stream: plain JSON
-      nlohmann::json plain = nlohmann::json::parse(pending, nullptr, false);
+    if (thrown) std::rethrow_exception(thrown);
+    if (absl::Status s = Answered(result, url, path, whole); !s.ok()) return s;
+    reader.Finish();
+    if (thrown) std::rethrow_exception(thrown);
+    if (!reader.saw_event_stream()) {  // not a stream: plain JSON
+      nlohmann::json plain = nlohmann::json::parse(whole, nullptr, false);
       if (!plain.is_discarded() && plain.is_object()) {
         signal();
+        if (thrown) std::rethrow_exception(thrown);
         return plain;
       }
     }
