@@ -62,7 +62,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -373,7 +372,8 @@ class HttpWorkerTransport {
                                       std::chrono::milliseconds timeout) const {
     std::unique_ptr<httplib::Client> client = ClientFor(url, timeout);
     httplib::Result result = client->Post(path, body.dump(), "application/json");
-    if (absl::Status s = Answered(result, url, path, result ? result->body : std::string()); !s.ok()) {
+    const std::string no_body;
+    if (absl::Status s = Answered(result, url, path, result ? result->body : no_body); !s.ok()) {
       return s;
     }
     nlohmann::json answer = nlohmann::json::parse(result->body, nullptr, false);
