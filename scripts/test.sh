@@ -186,15 +186,16 @@ else
 
   # The gateway's threads (policy lock, load-control queue, ledger, KV event
   # subscriber) under TSan, end to end; the e2e script fails on any sanitizer
-  # report in the processes' logs. The kvc scenario's KV events go through
-  # libzmq, which is not instrumented: its own calls are suppressed
-  # (engine/tests/tsan_libzmq.supp), ours are still checked.
+  # report in the processes' logs. Debian's libzmq (the kvc scenario's KV
+  # events) and libcpp-httplib are not instrumented: the calls they make
+  # themselves are suppressed (engine/tests/tsan_uninstrumented.supp), ours
+  # are still checked.
   if grep -q "^build kvc-gateway: phony" build/tsan/build.ninja 2>/dev/null; then
     STAGE="tsan e2e"
     cmake --build build/tsan --parallel "${KVC_JOBS}" --target kvc-gateway kvc-worker-emulator
     for scenario in ear kvc; do
       kvc_log "tsan: kvc-gateway, ${scenario} scenario end to end"
-      TSAN_OPTIONS="${TSAN_OPTIONS}:suppressions=${KVC_ROOT}/engine/tests/tsan_libzmq.supp" \
+      TSAN_OPTIONS="${TSAN_OPTIONS}:suppressions=${KVC_ROOT}/engine/tests/tsan_uninstrumented.supp" \
         "${tsan_prefix[@]}" python3 engine/tests/e2e_loopback_test.py --scenario "${scenario}" \
         --emulator build/tsan/engine/tools/kvc-worker-emulator \
         --gateway build/tsan/engine/tools/kvc-gateway
