@@ -249,6 +249,15 @@ def run_kvc(args, start):
     check([m[f'kvc_index_blocks{{worker="{d}"}}'] for d in range(3)] == after,
           "kvc_index_blocks matches the emulators")
     print("metrics add up:", modes, "attempts", attempts, "rejections", rejections)
+
+    # --- "stream": true over decode workers that answer in one piece -------
+    chunks = stream_events(gateway, "/v1/completions",
+                           {"prompt": filler(90, 0, 400), "stream": True}, "kvc-streamed")
+    check(len(chunks) == 2 and len(chunks[0][1]["choices"][0]["text"]) == MAX_TOKENS and
+          chunks[1][1]["choices"][0]["finish_reason"] == "length" and
+          chunks[1][1]["kvc"]["policy"] == "kvc",
+          f"a plain answer is relayed as one text chunk and the last one: {chunks}")
+    print("streamed: the decode worker's plain answer as one chunk")
     return 0
 
 
@@ -260,6 +269,24 @@ def completion(gateway, key, prompt, max_tokens=MAX_TOKENS, timeout=60):
                      {"X-Session-Id": key}, timeout=timeout)
     check(status == 200, f"{key}: completed")
     return r
+
+
+def stream_events(gateway, path, body, session):
+    """A "stream": true request: its events, read as they arrive, with their
+    arrival times; checks the event-stream type and the closing [DONE]."""
+    req = urllib.request.Request(gateway + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "X-Session-Id": session})
+    events = []
+    with urllib.request.urlopen(req, timeout=30) as r:
+        check(r.headers.get("Content-Type", "").startswith("text/event-stream"),
+              f"{path}: event stream, got {r.headers.get('Content-Type')}")
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if line.startswith("data: "):
+                events.append((time.time(), line[len("data: "):]))
+    check(events and events[-1][1] == "[DONE]", f"{path}: ends with [DONE]: {events[-1:]}")
+    return [(t, json.loads(e)) for t, e in events[:-1]]
 
 
 def close_session(gateway, key):
@@ -470,33 +497,46 @@ def run_ear(args, start):
           f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; modes {modes}")
 
     # --- "stream": true: OpenAI's event format, same session rules ----------
-    def stream(path, body):
-        req = urllib.request.Request(gateway + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "X-Session-Id": "streamed"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            check(r.headers.get("Content-Type", "").startswith("text/event-stream"),
-                  f"{path}: event stream, got {r.headers.get('Content-Type')}")
-            events = [line[len("data: "):] for line in r.read().decode().split("\n\n") if line]
-        check(events[-1] == "[DONE]", f"{path}: ends with [DONE]: {events[-1:]}")
-        chunks = [json.loads(e) for e in events[:-1]]
-        check(len(chunks) == 2 and chunks[-1]["choices"][0]["finish_reason"] == "length",
-              f"{path}: a text chunk and a last one with the finish reason: {chunks}")
-        return chunks
+    def stream(path, body, session="streamed"):
+        return stream_events(gateway, path, body, session)
 
+    def streamed_text(path, body, field):
+        chunks = stream(path, body)
+        text_chunks, last = chunks[:-1], chunks[-1][1]
+        check(last["choices"][0]["finish_reason"] == "length" and
+              all(c["choices"][0]["finish_reason"] is None for _, c in text_chunks),
+              f"{path}: text chunks, then one with the finish reason: {chunks}")
+        text = "".join(field(c["choices"][0]) for _, c in text_chunks)
+        check(len(text) == last["usage"]["completion_tokens"] == STREAM_TOKENS,
+              f"{path}: the chunks add up to the answer ({STREAM_TOKENS} tokens): {text!r}")
+        # The emulator decodes 256 tokens in ~0.9 s and sends them in 33
+        # events; the gateway relays them as they come, not at the end.
+        spread = text_chunks[-1][0] - text_chunks[0][0]
+        check(len(text_chunks) >= 8 and spread > 0.3,
+              f"{path}: {len(text_chunks)} text chunks over {spread:.2f} s")
+        return text_chunks, last, text
+
+    STREAM_TOKENS = 256
     prompt = filler(80, 0, 900)
-    chunks = stream("/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "stream": True})
-    text = chunks[0]["choices"][0]["text"]
-    last = chunks[-1]
-    check(chunks[0]["object"] == "text_completion" and text and
-          last["usage"]["completion_tokens"] == MAX_TOKENS and last["kvc"]["turn"] == 0,
-          f"streamed completion: {chunks}")
-    chunks = stream("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
-                                             "max_tokens": MAX_TOKENS, "stream": True})
-    delta = chunks[0]["choices"][0]["delta"]
-    check(chunks[0]["object"] == "chat.completion.chunk" and delta["role"] == "assistant" and
-          delta["content"] and chunks[-1]["choices"][0]["delta"] == {},
-          f"streamed chat: {chunks}")
+    text_chunks, last, text = streamed_text(
+        "/v1/completions", {"prompt": prompt, "max_tokens": STREAM_TOKENS, "stream": True},
+        lambda choice: choice["text"])
+    check(text_chunks[0][1]["object"] == "text_completion" and text.startswith("[s") and
+          last["kvc"]["turn"] == 0 and last["kvc"]["policy"] == "ear",
+          f"streamed completion: {text!r} {last}")
+    print(f"streamed: {len(text_chunks)} completion chunks over "
+          f"{text_chunks[-1][0] - text_chunks[0][0]:.2f} s")
+    text_chunks, last, text = streamed_text(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": prompt}], "max_tokens": STREAM_TOKENS,
+         "stream": True},
+        lambda choice: choice["delta"]["content"])
+    first_delta = text_chunks[0][1]["choices"][0]["delta"]
+    check(text_chunks[0][1]["object"] == "chat.completion.chunk" and
+          first_delta["role"] == "assistant" and
+          all("role" not in c["choices"][0]["delta"] for _, c in text_chunks[1:]) and
+          last["choices"][0]["delta"] == {},
+          f"streamed chat: the first delta names the role, the last is empty: {text_chunks[:2]}")
     try:
         http(gateway + "/v1/completions", {"prompt": prompt, "stream": "yes"})
         check(False, "a non-boolean stream is refused")
@@ -504,7 +544,19 @@ def run_ear(args, start):
         message = json.loads(e.read().decode())["error"]["message"]
         check(e.code == 400 and "stream" in message and '"yes"' in message,
               f"stream=\"yes\": HTTP {e.code} {message}")
-    print("streamed: completion and chat as server-sent events")
+    # A failure after the headers went out is an error event, then [DONE].
+    doomed_prompt = filler(81, 0, 300)
+    r = completion(gateway, "doomed", doomed_prompt)
+    home = r["kvc"]["decode_worker"]
+    iprocs[home].terminate()
+    iprocs[home].wait(timeout=10)
+    chunks = stream("/v1/completions",
+                    {"prompt": doomed_prompt + r["choices"][0]["text"] + filler(81, 1, 100),
+                     "max_tokens": 8, "stream": True}, session="doomed")
+    check(len(chunks) == 1 and chunks[0][1]["error"]["code"] == 502 and
+          "worker-unavailable" in chunks[0][1]["error"]["message"],
+          f"the stopped instance's failure reached the client as an event: {chunks}")
+    print("streamed: completion and chat as they decode; a failure as an error event")
     return 0
 
 

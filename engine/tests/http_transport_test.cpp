@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kvc_engine/gateway_support.hpp"
 #include "kvc_router/dispatch.hpp"
@@ -263,6 +265,90 @@ TEST_CASE("a first-token callback that throws ends the call with its exception",
   CHECK(attachment.response().is_null());
 }
 
+TEST_CASE("a streamed turn hands over each event's tokens as they come, adding up to the answer",
+          "[engine][http]") {
+  // Two token events; the answer holds one token more, which no event carried.
+  StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n" R"(data: {"token_ids":[105]})" "\n\n",
+                         R"(data: {"output_token_ids":[104,105,106]})" "\n\ndata: [DONE]\n\n");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 8;
+  std::vector<std::vector<TokenId>> deliveries;
+  int first_tokens = 0;
+  auto attachment = (*transport)->Attach(
+      8, {{"token_ids", {5}}},
+      {.on_first_token = [&] { ++first_tokens; },
+       .on_tokens =
+           [&](std::span<const TokenId> tokens) {
+             deliveries.emplace_back(tokens.begin(), tokens.end());
+             if (deliveries.size() == 2) worker.first_token_seen = true;
+           }});
+  REQUIRE((*transport)->RunOnInstance(0, request).ok());
+  CHECK(worker.last_body()["stream"] == true);
+  CHECK(first_tokens == 1);
+  // Both events' tokens were handed over before the answer was sent.
+  CHECK(worker.seen_before_tail.load());
+  CHECK(deliveries == std::vector<std::vector<TokenId>>{{104}, {105}, {106}});
+  CHECK(attachment.response()["output_token_ids"] == nlohmann::json{104, 105, 106});
+}
+
+TEST_CASE("streamed tokens: a plain answer, tokens that disagree, bad ids, a throwing callback",
+          "[engine][http]") {
+  Request request;
+  request.session = 9;
+  std::vector<TokenId> delivered;
+  int deliveries = 0;
+  auto collect = [&](std::span<const TokenId> tokens) {
+    ++deliveries;
+    delivered.insert(delivered.end(), tokens.begin(), tokens.end());
+  };
+  SECTION("a worker that answers plain JSON: its tokens in one delivery") {
+    StreamingWorker plain(R"({"output_token_ids":[7,8,9]})", "", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {plain.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    REQUIRE((*transport)->RunOnInstance(0, request).ok());
+    CHECK(deliveries == 1);
+    CHECK(delivered == std::vector<TokenId>{7, 8, 9});
+    CHECK(plain.last_body()["stream"] == true);
+  }
+  SECTION("events whose tokens are not the answer's are worker-unavailable") {
+    StreamingWorker liar(R"(data: {"token_ids":[1]})" "\n\n",
+                         R"(data: {"output_token_ids":[2,3]})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {liar.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("disagree"));
+    CHECK(delivered == std::vector<TokenId>{1});
+    CHECK(attachment.response().is_null());
+  }
+  SECTION("token ids that are not unsigned integers are worker-unavailable") {
+    StreamingWorker bad(R"(data: {"token_ids":[-1]})" "\n\n",
+                        R"(data: {"output_token_ids":[1]})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("token_ids"));
+    CHECK(deliveries == 0);
+  }
+  SECTION("a token callback that throws ends the call with its exception") {
+    StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n",
+                           R"(data: {"output_token_ids":[104]})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(
+        9, {{"token_ids", {5}}},
+        {.on_tokens = [](std::span<const TokenId>) { throw std::runtime_error("client gone"); }});
+    CHECK_THROWS_WITH((*transport)->RunOnInstance(0, request), "client gone");
+    CHECK(attachment.response().is_null());
+  }
+}
+
 TEST_CASE("a streamed turn: plain JSON, a cut stream, a bad event, an error status",
           "[engine][http]") {
   Request request;
@@ -386,6 +472,25 @@ TEST_CASE("gateway metrics render as Prometheus text", "[engine][metrics]") {
   CHECK(text.find("kvc_admission_latency_seconds_count 2\n") != std::string::npos);
   CHECK(text.find("kvc_inflight_requests{worker=\"1\"} 2\n") != std::string::npos);
   CHECK(text.find("# TYPE kvc_admission_latency_seconds histogram\n") != std::string::npos);
+}
+
+TEST_CASE("a streamed answer's bytes go out in whole characters", "[engine][gateway]") {
+  CHECK(CompleteUtf8Prefix("") == 0);
+  CHECK(CompleteUtf8Prefix("abc") == 3);
+  const std::string e_acute = "\xC3\xA9";           // 2 bytes
+  const std::string euro = "\xE2\x82\xAC";         // 3 bytes
+  const std::string emoji = "\xF0\x9F\x98\x80";   // 4 bytes
+  for (const std::string& c : {e_acute, euro, emoji}) {
+    INFO("a " << c.size() << "-byte character");
+    CHECK(CompleteUtf8Prefix("ab" + c) == 2 + c.size());
+    for (size_t cut = 1; cut < c.size(); ++cut) {
+      CHECK(CompleteUtf8Prefix("ab" + c.substr(0, cut)) == 2);  // held back until whole
+    }
+    CHECK(CompleteUtf8Prefix(c + c.substr(0, 1)) == c.size());
+  }
+  // Bytes that are not UTF-8 are never held back.
+  CHECK(CompleteUtf8Prefix("a\xFF") == 2);
+  CHECK(CompleteUtf8Prefix("\x80\x80\x80\x80") == 4);
 }
 
 TEST_CASE("the byte tokenizer and chat template keep prefixes stable", "[engine][gateway]") {

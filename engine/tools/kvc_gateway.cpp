@@ -24,8 +24,9 @@
 // Endpoints:
 //   POST /v1/completions       {"prompt", "max_tokens"?, "session_id"?, "model"?}
 //   POST /v1/chat/completions  {"messages", "max_tokens"?, "session_id"?, "model"?}
-//        Both also take "stream": true (server-sent events, OpenAI's chunk
-//        format, the whole text in one chunk once the instance answered).
+//        Both also take "stream": true (server-sent events in OpenAI's chunk
+//        format: the text as the instance streams it, a failure after the
+//        headers as an error event).
 //        The session comes from the X-Session-Id header, else the body's
 //        "session_id" (or "user"); without one each request is its own
 //        session. A "model" listed with --lora salts the hash chain, so
@@ -43,10 +44,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,6 +104,149 @@ struct Turn {
   bool stream = false;     // answer as server-sent events (OpenAI "stream": true)
 };
 
+// Where a turn's answer goes. Serve calls Fail or Done once; Tokens relays
+// the answer's tokens as the instance streams them.
+class Reply {
+ public:
+  virtual ~Reply() = default;
+  // `retry`: the gateway is busy, the client may try again in a second.
+  virtual void Fail(int status, const std::string& message, bool retry = false) = 0;
+  virtual void Tokens(std::span<const TokenId> tokens) = 0;
+  // The whole answer (`output`, every token) and how it was routed (`kvc`).
+  virtual void Done(const std::vector<TokenId>& output, json kvc) = 0;
+  // Whether Tokens is worth calling before Done.
+  virtual bool streams() const = 0;
+
+ protected:
+  static json Usage(const Turn& turn, size_t completion_tokens) {
+    return {{"prompt_tokens", turn.tokens.size()},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", turn.tokens.size() + completion_tokens}};
+  }
+  // Text the client receives may come from any tokenizer: bytes that are
+  // not UTF-8 are replaced, never thrown on.
+  static std::string Dump(const json& value) {
+    return value.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+};
+
+// The OpenAI-style JSON answer, in one piece.
+class JsonReply final : public Reply {
+ public:
+  JsonReply(const Turn& turn, std::string id, const engine::Tokenizer& tokenizer,
+            httplib::Response& res)
+      : turn_(turn), id_(std::move(id)), tokenizer_(tokenizer), res_(res) {}
+
+  void Fail(int status, const std::string& message, bool retry) override {
+    if (retry) res_.set_header("Retry-After", "1");
+    res_.status = status;
+    res_.set_content(Dump(json{{"error", {{"message", message}}}}), "application/json");
+  }
+  void Tokens(std::span<const TokenId>) override {}
+  void Done(const std::vector<TokenId>& output, json kvc) override {
+    const std::string completion = tokenizer_.Decode(output);
+    json choice = {{"index", 0}, {"finish_reason", "length"}};
+    if (turn_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", completion}};
+    } else {
+      choice["text"] = completion;
+    }
+    kvc["session"] = turn_.session_key;
+    res_.set_header("X-KVC-Mode", kvc["mode"].get<std::string>());
+    res_.set_header("X-KVC-Decode-Worker", std::to_string(kvc["decode_worker"].get<WorkerId>()));
+    json out = {{"id", id_},
+                {"object", turn_.chat ? "chat.completion" : "text_completion"},
+                {"model", turn_.model},
+                {"choices", json::array({choice})},
+                {"usage", Usage(turn_, output.size())},
+                {"kvc", std::move(kvc)}};
+    res_.set_content(Dump(out), "application/json");
+  }
+  bool streams() const override { return false; }
+
+ private:
+  const Turn& turn_;
+  const std::string id_;
+  const engine::Tokenizer& tokenizer_;
+  httplib::Response& res_;
+};
+
+// "stream": true, in OpenAI's event format: a chunk per batch of tokens the
+// instance streams (the first chat chunk carries the assistant role), a last
+// chunk with the finish reason, usage and `kvc`, then [DONE]; a failure is an
+// event {"error": {"message", "code"}} and [DONE]. A client that goes away
+// stops the writing, not the turn: its context is still learned.
+class StreamReply final : public Reply {
+ public:
+  StreamReply(const Turn& turn, std::string id, const engine::Tokenizer& tokenizer,
+              httplib::DataSink& sink)
+      : turn_(turn), id_(std::move(id)), tokenizer_(tokenizer), sink_(sink) {}
+
+  void Fail(int status, const std::string& message, bool retry) override {
+    json error = {{"message", message}, {"code", status}};
+    if (retry) error["retry_after_s"] = 1;
+    Write(json{{"error", std::move(error)}});
+    WriteRaw("data: [DONE]\n\n");
+  }
+  void Tokens(std::span<const TokenId> tokens) override {
+    relayed_tokens_ += tokens.size();
+    pending_ += tokenizer_.Decode(tokens);
+    // Whole characters only: a token may end inside a UTF-8 sequence.
+    const size_t whole = engine::CompleteUtf8Prefix(pending_);
+    if (whole == 0) return;
+    Text(pending_.substr(0, whole));
+    pending_.erase(0, whole);
+  }
+  void Done(const std::vector<TokenId>& output, json kvc) override {
+    if (relayed_tokens_ < output.size()) {
+      Tokens(std::span<const TokenId>(output).subspan(relayed_tokens_));
+    }
+    if (!pending_.empty() || !sent_text_) Text(std::exchange(pending_, std::string()));
+    json end = turn_.chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}
+                          : json{{"index", 0}, {"text", ""}, {"finish_reason", "length"}};
+    json last = Chunk(std::move(end));
+    last["usage"] = Usage(turn_, output.size());
+    kvc["session"] = turn_.session_key;
+    last["kvc"] = std::move(kvc);
+    Write(last);
+    WriteRaw("data: [DONE]\n\n");
+  }
+  bool streams() const override { return true; }
+  bool client_connected() const { return connected_; }
+
+ private:
+  json Chunk(json choice) const {
+    return json{{"id", id_},
+                {"object", turn_.chat ? "chat.completion.chunk" : "text_completion"},
+                {"model", turn_.model},
+                {"choices", json::array({std::move(choice)})}};
+  }
+  void Text(std::string text) {
+    json choice = {{"index", 0}, {"finish_reason", nullptr}};
+    if (turn_.chat) {
+      choice["delta"] = {{"content", std::move(text)}};
+      if (!sent_text_) choice["delta"]["role"] = "assistant";
+    } else {
+      choice["text"] = std::move(text);
+    }
+    sent_text_ = true;
+    Write(Chunk(std::move(choice)));
+  }
+  void Write(const json& event) { WriteRaw(absl::StrCat("data: ", Dump(event), "\n\n")); }
+  void WriteRaw(const std::string& bytes) {
+    if (connected_) connected_ = sink_.write(bytes.data(), bytes.size());
+  }
+
+  const Turn& turn_;
+  const std::string id_;
+  const engine::Tokenizer& tokenizer_;
+  httplib::DataSink& sink_;
+  std::string pending_;  // decoded bytes not yet sent: an incomplete character
+  size_t relayed_tokens_ = 0;
+  bool sent_text_ = false;
+  bool connected_ = true;
+};
+
 // What both gateways share: parsing, sessions, hashing, the answer.
 class GatewayBase {
  public:
@@ -114,38 +261,73 @@ class GatewayBase {
         default_max_tokens_(default_max_tokens) {}
   virtual ~GatewayBase() = default;
 
+  // POST /v1/completions and /v1/chat/completions. A streamed turn runs
+  // inside the response's content provider, which httplib calls on this
+  // server thread once the status line and headers are out: its text goes
+  // to the client as the instance produces it, and a failure after that
+  // point is an error event rather than an HTTP status.
   void Handle(const httplib::Request& req, httplib::Response& res, bool chat) {
     absl::StatusOr<Turn> turn = Parse(req, chat);
     if (!turn.ok()) return Fail(res, 400, std::string(turn.status().message()));
+    std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_ids_++);
+    if (!turn->stream) {
+      JsonReply reply(*turn, std::move(id), *tokenizer_, res);
+      return Run(*turn, reply);
+    }
+    res.set_header("Cache-Control", "no-cache");
+    auto parsed = std::make_shared<const Turn>(std::move(*turn));
+    auto ran = std::make_shared<bool>(false);
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, parsed, ran, id](size_t, httplib::DataSink& sink) {
+          // The provider is called until done(); the turn runs once.
+          if (!std::exchange(*ran, true)) {
+            StreamReply reply(*parsed, id, *tokenizer_, sink);
+            try {
+              Run(*parsed, reply);
+            } catch (const std::exception& e) {
+              // Everything the turn took is released by then (RAII); the
+              // client learns why it ended.
+              reply.Fail(500, absl::StrCat("the gateway failed: ", e.what()), /*retry=*/false);
+            }
+            if (!reply.client_connected()) return false;
+          }
+          sink.done();
+          return true;
+        });
+  }
+
+  // Locks the turn's session, starts its chain over unless the prompt
+  // continues the conversation, and serves it.
+  void Run(const Turn& turn, Reply& reply) {
     std::shared_ptr<SessionState> s;
     while (true) {
-      s = SessionOf(turn->session, /*create=*/true);
+      s = SessionOf(turn.session, /*create=*/true);
       s->mu.Lock();
       if (!s->closed) break;
       s->mu.Unlock();  // closed meanwhile: the map holds a fresh state now
     }
     absl::Cleanup unlock_session = [&s] { s->mu.Unlock(); };
-    const bool continues = s->hasher.has_value() && s->root == turn->root &&
-                           turn->tokens.size() >= s->context.size() &&
-                           std::equal(s->context.begin(), s->context.end(), turn->tokens.begin());
+    const bool continues = s->hasher.has_value() && s->root == turn.root &&
+                           turn.tokens.size() >= s->context.size() &&
+                           std::equal(s->context.begin(), s->context.end(), turn.tokens.begin());
     if (!continues) {
       // A new conversation (or one that diverged): a fresh chain.
-      s->hasher = *SessionHasher::Create(turn->session, block_tokens_, turn->root);
-      s->root = turn->root;
+      s->hasher = *SessionHasher::Create(turn.session, block_tokens_, turn.root);
+      s->root = turn.root;
       s->context.clear();
     }
-    Serve(*turn, *s, res);
-    if (turn->anonymous) {
+    Serve(turn, *s, reply);
+    if (turn.anonymous) {
       // A request without a session is a session of one turn: over now.
       json ignored;
-      CloseSession(turn->session, *s, ignored);
+      CloseSession(turn.session, *s, ignored);
     }
-    if (turn->anonymous || (!s->hasher.has_value() && s->served.empty())) {
+    if (turn.anonymous || (!s->hasher.has_value() && s->served.empty())) {
       // Over, or nothing ran for it (refused, cancelled, failed first):
       // forget it rather than keep a state per session id ever seen.
       s->closed = true;
       absl::MutexLock lock(&sessions_mu_);
-      auto it = sessions_.find(turn->session);
+      auto it = sessions_.find(turn.session);
       if (it != sessions_.end() && it->second == s) sessions_.erase(it);
     }
   }
@@ -189,7 +371,7 @@ class GatewayBase {
 
  protected:
   // Routes and runs one turn of `s` (whose lock is held) and answers it.
-  virtual void Serve(const Turn& turn, SessionState& s, httplib::Response& res) = 0;
+  virtual void Serve(const Turn& turn, SessionState& s, Reply& reply) = 0;
   // The policy's and the workers' share of closing a session.
   virtual void CloseSession(SessionId session, SessionState& s, json& out) = 0;
   // Wakes turns waiting for placement so they see a session's `cancel`.
@@ -200,6 +382,12 @@ class GatewayBase {
     res.set_content(json{{"error", {{"message", message}}}}.dump(), "application/json");
   }
 
+  // The transport's token callback for a client that streams; none else.
+  static std::function<void(std::span<const TokenId>)> RelayTo(Reply& reply) {
+    if (!reply.streams()) return nullptr;
+    return [&reply](std::span<const TokenId> tokens) { reply.Tokens(tokens); };
+  }
+
   static std::vector<TokenId> OutputOf(const json& answer) {
     std::vector<TokenId> output;
     if (answer.contains("output_token_ids") && answer["output_token_ids"].is_array()) {
@@ -208,60 +396,6 @@ class GatewayBase {
       }
     }
     return output;
-  }
-
-  // The OpenAI-style answer; `kvc` says how it was routed.
-  void Answer(const Turn& turn, const std::vector<TokenId>& output, json kvc,
-              httplib::Response& res) {
-    const std::string completion = tokenizer_->Decode(output);
-    json choice = {{"index", 0}, {"finish_reason", "length"}};
-    if (turn.chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", completion}};
-    } else {
-      choice["text"] = completion;
-    }
-    kvc["session"] = turn.session_key;
-    res.set_header("X-KVC-Mode", kvc["mode"].get<std::string>());
-    res.set_header("X-KVC-Decode-Worker", std::to_string(kvc["decode_worker"].get<WorkerId>()));
-    const std::string id = absl::StrCat(turn.chat ? "chatcmpl-" : "cmpl-", request_ids_++);
-    const json usage = {{"prompt_tokens", turn.tokens.size()},
-                        {"completion_tokens", output.size()},
-                        {"total_tokens", turn.tokens.size() + output.size()}};
-    if (turn.stream) return AnswerStream(turn, id, completion, usage, std::move(kvc), res);
-    json out = {{"id", id},
-                {"object", turn.chat ? "chat.completion" : "text_completion"},
-                {"model", turn.model},
-                {"choices", json::array({choice})},
-                {"usage", usage},
-                {"kvc", std::move(kvc)}};
-    res.set_content(out.dump(), "application/json");
-  }
-
-  // "stream": true, in the OpenAI event format: a chunk with the text, a
-  // last chunk with the finish reason, usage and `kvc`, then [DONE]. The
-  // text arrives in one chunk once the instance has answered: the gateway
-  // reads the instance's stream for the first token only and relays
-  // nothing before the answer (see docs/integration.md).
-  static void AnswerStream(const Turn& turn, const std::string& id, const std::string& completion,
-                           const json& usage, json kvc, httplib::Response& res) {
-    const std::string object = turn.chat ? "chat.completion.chunk" : "text_completion";
-    auto chunk = [&](json choice) {
-      return json{{"id", id}, {"object", object}, {"model", turn.model},
-                  {"choices", json::array({std::move(choice)})}};
-    };
-    json text = turn.chat ? json{{"index", 0},
-                                 {"delta", {{"role", "assistant"}, {"content", completion}}},
-                                 {"finish_reason", nullptr}}
-                          : json{{"index", 0}, {"text", completion}, {"finish_reason", nullptr}};
-    json end = turn.chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}
-                         : json{{"index", 0}, {"text", ""}, {"finish_reason", "length"}};
-    json last = chunk(std::move(end));
-    last["usage"] = usage;
-    last["kvc"] = std::move(kvc);
-    const std::string body = absl::StrCat("data: ", chunk(std::move(text)).dump(), "\n\n",
-                                          "data: ", last.dump(), "\n\n", "data: [DONE]\n\n");
-    res.set_header("Cache-Control", "no-cache");
-    res.set_content(body, "text/event-stream");
   }
 
   std::unique_ptr<engine::HttpWorkerTransport> transport_;
@@ -421,7 +555,7 @@ class KvcGateway final : public GatewayBase {
   }
 
  protected:
-  void Serve(const Turn& turn, SessionState& s, httplib::Response& res) override {
+  void Serve(const Turn& turn, SessionState& s, Reply& reply) override {
     const std::span<const TokenId> fresh =
         std::span<const TokenId>(turn.tokens).subspan(s.context.size());
     const Request request = s.hasher->BeginTurn(fresh);
@@ -429,7 +563,7 @@ class KvcGateway final : public GatewayBase {
     absl::StatusOr<DispatchOp<KvEventIndex>> op = StartDispatch(*state_, request);
     if (!op.ok()) {
       s.hasher.reset();  // the chain advanced for a turn that never ran
-      return Fail(res, 400, std::string(op.status().message()));
+      return reply.Fail(400, std::string(op.status().message()));
     }
     while (op->awaiting_admit()) {
       const auto start = std::chrono::steady_clock::now();
@@ -442,35 +576,34 @@ class KvcGateway final : public GatewayBase {
       if (absl::Status fed = op->OnAdmitResult(result); !fed.ok()) {
         metrics_.Request(false);
         s.hasher.reset();
-        return Fail(res, 502, std::string(fed.message()));
+        return reply.Fail(502, std::string(fed.message()));
       }
     }
     const Decision decision = op->decision();
     metrics_.Decision(decision.mode);
     engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
-        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}});
+        turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}},
+        engine::HttpWorkerTransport::StreamCallbacks{.on_tokens = RelayTo(reply)});
     const absl::Status ran = RunDecision(*transport_, decision, request);
     (void)op->Complete();
     if (!ran.ok()) {
       metrics_.Request(false);
       s.hasher.reset();  // what the workers hold is unknown now
-      return Fail(res, 502, std::string(ran.message()));
+      return reply.Fail(502, std::string(ran.message()));
     }
     const std::vector<TokenId> output = OutputOf(attachment.response());
     s.hasher->AppendContext(output);
     s.context = turn.tokens;
     s.context.insert(s.context.end(), output.begin(), output.end());
     metrics_.Request(true);
-    Answer(turn, output,
-           {{"policy", "kvc"},
-            {"turn", request.turn},
-            {"mode", std::string(DecisionModeName(decision.mode))},
-            {"decode_worker", decision.decode},
-            {"prefill_worker",
-             decision.prefill == kNoWorker ? json(nullptr) : json(decision.prefill)},
-            {"attempts", op->attempts()},
-            {"prefix_blocks", request.prefix_hashes.size()}},
-           res);
+    reply.Done(output, {{"policy", "kvc"},
+                        {"turn", request.turn},
+                        {"mode", std::string(DecisionModeName(decision.mode))},
+                        {"decode_worker", decision.decode},
+                        {"prefill_worker",
+                         decision.prefill == kNoWorker ? json(nullptr) : json(decision.prefill)},
+                        {"attempts", op->attempts()},
+                        {"prefix_blocks", request.prefix_hashes.size()}});
   }
 
   // The decode worker keeps the session's KV until its own LRU evicts it;
@@ -556,7 +689,7 @@ class AffinityGateway final : public GatewayBase {
   }
 
  protected:
-  void Serve(const Turn& turn, SessionState& s, httplib::Response& res) override {
+  void Serve(const Turn& turn, SessionState& s, Reply& reply) override {
     const std::span<const TokenId> fresh =
         std::span<const TokenId>(turn.tokens).subspan(s.context.size());
     const uint64_t previous_context = s.context.size();
@@ -582,9 +715,9 @@ class AffinityGateway final : public GatewayBase {
           lock.unlock();
           s.hasher.reset();  // nothing was sent: the next request starts the chain again
           metrics_.Request(false);
-          if (absl::IsResourceExhausted(waited.status())) res.set_header("Retry-After", "1");
-          return Fail(res, absl::IsCancelled(waited.status()) ? 409 : 503,
-                      std::string(waited.status().message()));
+          return reply.Fail(absl::IsCancelled(waited.status()) ? 409 : 503,
+                            std::string(waited.status().message()),
+                            /*retry=*/absl::IsResourceExhausted(waited.status()));
         }
         held_s = *waited;
       }
@@ -605,7 +738,7 @@ class AffinityGateway final : public GatewayBase {
     if (!placement.ok()) {  // the gateway's own configuration is at fault
       metrics_.Request(false);
       s.hasher.reset();
-      return Fail(res, 500, std::string(placement.status().message()));
+      return reply.Fail(500, std::string(placement.status().message()));
     }
     // OnFinished exactly once per placed turn, also when the transport
     // throws (the ticket gives its load back by itself).
@@ -640,7 +773,7 @@ class AffinityGateway final : public GatewayBase {
     // that answers in one piece releases it at the answer).
     engine::HttpWorkerTransport::Attachment attachment = transport_->Attach(
         turn.session, json{{"token_ids", turn.tokens}, {"max_tokens", turn.max_tokens}},
-        [&ticket] { ticket->FirstToken(); });
+        {.on_first_token = [&ticket] { ticket->FirstToken(); }, .on_tokens = RelayTo(reply)});
     const absl::Status ran = transport_->RunOnInstance(instance, request.request);
     ticket->Finish();
     if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
@@ -650,7 +783,7 @@ class AffinityGateway final : public GatewayBase {
       report_finished();  // no context learned
       metrics_.Request(false);
       s.hasher.reset();  // what the instance holds is unknown now
-      return Fail(res, 502, std::string(ran.message()));
+      return reply.Fail(502, std::string(ran.message()));
     }
     const json answer = attachment.response();
     const std::vector<TokenId> output = OutputOf(answer);
@@ -682,7 +815,7 @@ class AffinityGateway final : public GatewayBase {
                 {"held_s", held_s},
                 {"prefix_blocks", request.request.prefix_hashes.size()}};
     if (answer.contains("cached_tokens")) kvc["cached_tokens"] = answer["cached_tokens"];
-    Answer(turn, output, std::move(kvc), res);
+    reply.Done(output, std::move(kvc));
   }
 
   void CancelWaiting() override {

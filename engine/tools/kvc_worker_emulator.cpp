@@ -10,7 +10,8 @@
 // serves from whatever the session left in the pool and keeps its context
 // afterwards, evicting the least recently used idle sessions past
 // --capacity-tokens; with "stream": true it answers as server-sent events,
-// the first token when the prefill is done and the whole answer at the end
+// the first token when the prefill is done, the others as decoding goes
+// ({"token_ids": [...]} events) and the whole answer at the end
 // (--prefill-scale stretches the prefill alone); /migrate_kv pulls a
 // session's KV from another instance (a stand-in for a KV connector), and
 // /close_session drops it.
@@ -25,12 +26,14 @@
 // least recently used idle sessions when a request would not fit; each
 // eviction publishes BlockRemoved for the blocks no session holds anymore.
 // Replies carry deterministic output text, so a test can check them.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -603,11 +606,29 @@ int main(int argc, char** argv) {
           [&worker, turn_state, finished](size_t, httplib::DataSink& sink) {
             const Worker::CachedTurn& t = *turn_state;
             worker.Sleep(t.prefill_s);
-            json first = {{"token_ids", json::array()}};
-            if (!t.output.empty()) first["token_ids"].push_back(t.output.front());
-            const std::string head = "data: " + first.dump() + "\n\n";
-            if (!sink.write(head.data(), head.size())) return false;
-            worker.Sleep(t.decode_s);
+            // The first token, then the rest as decoding goes, in at most
+            // kMaxTokenEvents events (a token each for short answers).
+            constexpr size_t kMaxTokenEvents = 32;
+            const size_t rest = t.output.empty() ? 0 : t.output.size() - 1;
+            const size_t per_event = std::max<size_t>(1, (rest + kMaxTokenEvents - 1) / kMaxTokenEvents);
+            const size_t events = rest == 0 ? 0 : (rest + per_event - 1) / per_event;
+            auto send_tokens = [&sink](std::span<const TokenId> tokens) {
+              const std::string event =
+                  "data: " +
+                  json{{"token_ids", std::vector<TokenId>(tokens.begin(), tokens.end())}}.dump() +
+                  "\n\n";
+              return sink.write(event.data(), event.size());
+            };
+            const std::span<const TokenId> output(t.output);
+            if (!send_tokens(output.first(t.output.empty() ? 0 : 1))) return false;
+            for (size_t e = 0; e < events; ++e) {
+              worker.Sleep(t.decode_s / static_cast<double>(events));
+              const size_t from = 1 + e * per_event;
+              if (!send_tokens(output.subspan(from, std::min(per_event, t.output.size() - from)))) {
+                return false;
+              }
+            }
+            if (events == 0) worker.Sleep(t.decode_s);
             *finished = true;
             const std::string tail =
                 "data: " + worker.FinishCached(t).dump() + "\n\ndata: [DONE]\n\n";

@@ -12,12 +12,16 @@
 //  * `RenderChat`: a deterministic chat template over OpenAI `messages`, so
 //    turn t+1's prompt starts with turn t's prompt plus its answer (what
 //    makes the prefix reusable). Real deployments use the model's template.
+//  * `CompleteUtf8Prefix`: how much of a streamed answer's decoded bytes can
+//    go to the client now, when a token may end inside a character.
 //  * `GatewayMetrics`: counters and a histogram in the Prometheus text
 //    exposition format (decisions by mode, rejections by reason, admission
 //    attempts and their latency, requests, in-flight per worker).
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -40,6 +44,23 @@ class Tokenizer {
   virtual std::vector<TokenId> Encode(std::string_view text) const = 0;
   virtual std::string Decode(std::span<const TokenId> tokens) const = 0;
 };
+
+// The length of the longest prefix of `bytes` that does not end inside a
+// UTF-8 sequence: a gateway relaying decoded tokens as they stream holds the
+// rest back until the next token completes it. Bytes that cannot start or
+// continue a sequence count as whole (the JSON writer replaces them).
+inline size_t CompleteUtf8Prefix(std::string_view bytes) {
+  const size_t n = bytes.size();
+  // A sequence is at most 4 bytes: its lead byte is at most 3 back.
+  for (size_t back = 1; back <= std::min<size_t>(3, n); ++back) {
+    const auto c = static_cast<unsigned char>(bytes[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte
+    if (c >= 0xF8) return n;           // no sequence starts with it
+    const size_t length = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return length > back ? n - back : n;
+  }
+  return n;
+}
 
 // One token per byte (ids 0..255).
 class ByteTokenizer final : public Tokenizer {

@@ -40,6 +40,15 @@
 // still works: the callback then runs when it arrives. An exception thrown
 // by the callback ends the call and reaches the caller unchanged.
 //
+// Tokens as they come: an attachment made with `StreamCallbacks::on_tokens`
+// also streams, and hands the callback each event's "token_ids" (the new
+// tokens, in order) as it arrives, so a gateway can relay text to its client
+// while the instance still decodes. The deliveries add up to the answer's
+// "output_token_ids": tokens the events did not carry are delivered once
+// the answer arrives (all of them, in one delivery, from a worker that
+// answers plain JSON), and events that disagree with the answer make the
+// call worker-unavailable.
+//
 // Errors: a connection failure, a timeout or an HTTP status other than 200
 // on the admission RPC is returned as UnavailableError("worker-unavailable:
 // ..."), which Dispatch counts as a `worker-unavailable` rejection; a bad
@@ -55,12 +64,16 @@
 //   nlohmann::json answer = attachment.response();
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,6 +179,13 @@ class HttpWorkerTransport {
     std::chrono::milliseconds generate_timeout{120000};
   };
 
+  // What a streamed generate call reports while it runs, on the calling
+  // thread; either may be empty (both empty: the call does not stream).
+  struct StreamCallbacks {
+    std::function<void()> on_first_token;                    // once, at the first event
+    std::function<void(std::span<const TokenId>)> on_tokens;  // each batch of new tokens
+  };
+
   // What a caller attaches to one session's request: extra body fields in,
   // the last generate answer out. Detaches when destroyed.
   class Attachment {
@@ -188,7 +208,7 @@ class HttpWorkerTransport {
     friend class HttpWorkerTransport;
     struct Slot {
       nlohmann::json payload;
-      std::function<void()> on_first_token;  // empty: no streaming
+      StreamCallbacks stream;  // both empty: no streaming
       mutable absl::Mutex mu;
       nlohmann::json response;
     };
@@ -222,9 +242,13 @@ class HttpWorkerTransport {
   // once, on the calling thread, when the first token arrives (see the top).
   Attachment Attach(SessionId session, nlohmann::json payload,
                     std::function<void()> on_first_token = nullptr) {
+    return Attach(session, std::move(payload), StreamCallbacks{std::move(on_first_token), nullptr});
+  }
+  // The same, with the tokens of the answer handed over as they arrive.
+  Attachment Attach(SessionId session, nlohmann::json payload, StreamCallbacks stream) {
     auto slot = std::make_shared<Attachment::Slot>();
     slot->payload = std::move(payload);
-    slot->on_first_token = std::move(on_first_token);
+    slot->stream = std::move(stream);
     absl::MutexLock lock(&mu_);
     slots_[session] = slot;
     return Attachment(this, session, std::move(slot));
@@ -329,10 +353,11 @@ class HttpWorkerTransport {
     body["session_id"] = request.session;
     body["turn"] = request.turn;
     for (auto& [key, value] : extra.items()) body[key] = value;
-    const bool stream = keep_response && slot != nullptr && slot->on_first_token != nullptr;
+    const bool stream = keep_response && slot != nullptr &&
+                        (slot->stream.on_first_token != nullptr || slot->stream.on_tokens != nullptr);
     if (stream) body["stream"] = true;
     absl::StatusOr<nlohmann::json> answer =
-        stream ? PostStreaming(url, path, body, slot->on_first_token)
+        stream ? PostStreaming(url, path, body, slot->stream)
                : Post(url, path, body, options_.generate_timeout);
     if (!answer.ok()) return answer.status();
     if (keep_response && slot != nullptr) {
@@ -450,27 +475,67 @@ class HttpWorkerTransport {
     bool has_data_ = false, saw_field_ = false;
   };
 
-  // A generate call answered as server-sent events: `first_token` runs on
-  // the first event, the answer is the last event with "output_token_ids".
-  // A plain JSON answer (a worker that does not stream) is taken as is. An
-  // exception from `first_token` ends the call and reaches the caller.
+  // The unsigned integers of `value` (an array), or nullopt.
+  static std::optional<std::vector<TokenId>> TokenIds(const nlohmann::json& value) {
+    if (!value.is_array()) return std::nullopt;
+    std::vector<TokenId> ids;
+    ids.reserve(value.size());
+    for (const nlohmann::json& id : value) {
+      if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<TokenId>::max()) {
+        return std::nullopt;
+      }
+      ids.push_back(id.get<TokenId>());
+    }
+    return ids;
+  }
+
+  // A generate call answered as server-sent events: `on_first_token` runs
+  // on the first event, `on_tokens` on each event's "token_ids"; the answer
+  // is the last event with "output_token_ids". A plain JSON answer (a
+  // worker that does not stream) is taken as is. An exception from a
+  // callback ends the call and reaches the caller.
   absl::StatusOr<nlohmann::json> PostStreaming(const std::string& url, const char* path,
                                                const nlohmann::json& body,
-                                               const std::function<void()>& first_token) const {
+                                               const StreamCallbacks& callbacks) const {
     std::unique_ptr<httplib::Client> client = ClientFor(url, options_.generate_timeout);
     std::string whole;  // the body as received: a plain answer, or an error's text
     nlohmann::json answer;
+    std::vector<TokenId> delivered;
     bool signalled = false, malformed = false;
     std::exception_ptr thrown;
-    auto signal = [&] {
-      if (std::exchange(signalled, true)) return true;
+    // Runs a callback; false (and `thrown` set) when it throws.
+    auto guarded = [&](const auto& call) {
       try {
-        first_token();
+        call();
       } catch (...) {
         thrown = std::current_exception();
         return false;
       }
       return true;
+    };
+    auto signal = [&] {
+      if (std::exchange(signalled, true) || callbacks.on_first_token == nullptr) return true;
+      return guarded(callbacks.on_first_token);
+    };
+    auto deliver = [&](std::span<const TokenId> tokens) {
+      if (tokens.empty()) return true;
+      delivered.insert(delivered.end(), tokens.begin(), tokens.end());
+      if (callbacks.on_tokens == nullptr) return true;
+      return guarded([&] { callbacks.on_tokens(tokens); });
+    };
+    // What the events did not carry of the answer's tokens; nullopt when
+    // they carried something else.
+    auto rest_of = [&](const nlohmann::json& final_answer)
+        -> std::optional<std::vector<TokenId>> {
+      std::optional<std::vector<TokenId>> output =
+          TokenIds(final_answer.value("output_token_ids", nlohmann::json::array()));
+      if (!output.has_value()) return std::vector<TokenId>{};  // no tokens to reconcile
+      if (delivered.size() > output->size() ||
+          !std::equal(delivered.begin(), delivered.end(), output->begin())) {
+        return std::nullopt;
+      }
+      return std::vector<TokenId>(output->begin() + static_cast<std::ptrdiff_t>(delivered.size()),
+                                  output->end());
     };
     EventStreamReader reader([&](const std::string& data) {
       if (data == "[DONE]") return true;
@@ -479,8 +544,18 @@ class HttpWorkerTransport {
         malformed = true;
         return true;
       }
-      if (event.is_object() && event.contains("output_token_ids")) answer = std::move(event);
-      return signal();
+      if (!signal()) return false;
+      if (!event.is_object()) return true;
+      if (event.contains("token_ids")) {
+        const std::optional<std::vector<TokenId>> tokens = TokenIds(event["token_ids"]);
+        if (!tokens.has_value()) {
+          malformed = true;
+          return true;
+        }
+        if (!deliver(*tokens)) return false;
+      }
+      if (event.contains("output_token_ids")) answer = std::move(event);
+      return true;
     });
     httplib::Request req;
     req.method = "POST";
@@ -497,19 +572,28 @@ class HttpWorkerTransport {
     if (absl::Status s = Answered(result, url, path, whole); !s.ok()) return s;
     reader.Finish();
     if (thrown) std::rethrow_exception(thrown);
+    auto unavailable = [&](const std::string& why) {
+      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ", why));
+    };
     if (!reader.saw_event_stream()) {  // not a stream: plain JSON
       nlohmann::json plain = nlohmann::json::parse(whole, nullptr, false);
       if (!plain.is_discarded() && plain.is_object()) {
-        signal();
+        const std::optional<std::vector<TokenId>> rest = rest_of(plain);
+        if (signal() && rest.has_value()) deliver(*rest);
         if (thrown) std::rethrow_exception(thrown);
         return plain;
       }
     }
     if (malformed || answer.is_null()) {
-      return absl::UnavailableError(absl::StrCat(
-          "worker-unavailable: POST ", url, path,
-          malformed ? ": an event is not JSON" : ": the stream ended without an answer"));
+      return unavailable(malformed ? "an event is not JSON or its token_ids are not token ids"
+                                   : "the stream ended without an answer");
     }
+    const std::optional<std::vector<TokenId>> rest = rest_of(answer);
+    if (!rest.has_value()) {
+      return unavailable("the streamed token_ids disagree with the answer's output_token_ids");
+    }
+    deliver(*rest);
+    if (thrown) std::rethrow_exception(thrown);
     return answer;
   }
 
