@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kvc_engine/gateway_support.hpp"
 #include "kvc_router/dispatch.hpp"
 #include "kvc_router/index/estimate_index.hpp"
@@ -336,6 +337,27 @@ TEST_CASE("streamed tokens: a plain answer, tokens that disagree, bad ids, a thr
     CHECK_THAT(std::string(s.message()), Catch::Contains("token_ids"));
     CHECK(deliveries == 0);
   }
+  SECTION("an answer whose output_token_ids are not token ids is worker-unavailable") {
+    StreamingWorker odd(R"(data: {"token_ids":[1]})" "\n\n",
+                        R"(data: {"output_token_ids":"one"})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {odd.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("not token ids"));
+  }
+  SECTION("without a token callback the events' tokens are not checked") {
+    StreamingWorker liar(R"(data: {"token_ids":[1]})" "\n\n",
+                         R"(data: {"output_token_ids":[2,3]})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {liar.url()}});
+    REQUIRE(transport.ok());
+    int first_tokens = 0;
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, [&] { ++first_tokens; });
+    REQUIRE((*transport)->RunOnInstance(0, request).ok());
+    CHECK(first_tokens == 1);
+    CHECK(attachment.response()["output_token_ids"] == nlohmann::json{2, 3});
+  }
   SECTION("a token callback that throws ends the call with its exception") {
     StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n",
                            R"(data: {"output_token_ids":[104]})" "\n\n", 200, /*wait=*/false);
@@ -491,6 +513,137 @@ TEST_CASE("a streamed answer's bytes go out in whole characters", "[engine][gate
   // Bytes that are not UTF-8 are never held back.
   CHECK(CompleteUtf8Prefix("a\xFF") == 2);
   CHECK(CompleteUtf8Prefix("\x80\x80\x80\x80") == 4);
+}
+
+// Events a CompletionEventStream wrote, parsed; "[DONE]" as a string.
+std::vector<nlohmann::json> ParseEvents(const std::string& written) {
+  std::vector<nlohmann::json> events;
+  size_t at = 0;
+  while (at < written.size()) {
+    const size_t end = written.find("\n\n", at);
+    REQUIRE(end != std::string::npos);
+    const std::string event = written.substr(at, end - at);
+    REQUIRE(event.rfind("data: ", 0) == 0);
+    const std::string data = event.substr(6);
+    events.push_back(data == "[DONE]" ? nlohmann::json("[DONE]") : nlohmann::json::parse(data));
+    at = end + 2;
+  }
+  return events;
+}
+
+// Words for ids; Decode puts a space between neighbours, so decoding a
+// batch on its own would lose the space before it.
+class WordTokenizer final : public Tokenizer {
+ public:
+  std::vector<TokenId> Encode(std::string_view) const override { return {}; }
+  std::string Decode(std::span<const TokenId> tokens) const override {
+    std::string out;
+    for (TokenId t : tokens) absl::StrAppend(&out, out.empty() ? "" : " ", "w", t);
+    return out;
+  }
+};
+
+TEST_CASE("a streamed completion: text chunks as tokens come, whole characters, then the end",
+          "[engine][gateway]") {
+  ByteTokenizer bytes;
+  std::string written;
+  CompletionEventStream stream({.id = "cmpl-7", .chat = false, .model = "m"}, bytes,
+                               [&](std::string_view b) {
+                                 written.append(b);
+                                 return true;
+                               });
+  const std::vector<TokenId> output = {'h', 'i', 0xC3, 0xA9, '!'};  // "hié!"
+  stream.Tokens(std::span(output).first(2));
+  CHECK(ParseEvents(written).size() == 1);
+  stream.Tokens(std::span(output).subspan(2, 1));  // half of é: held back
+  CHECK(ParseEvents(written).size() == 1);
+  stream.Tokens(std::span(output).subspan(3, 1));
+  // The '!' never came as a batch: Done sends it.
+  stream.Done(output, {{"completion_tokens", 5}}, {{"kvc", {{"mode", "direct"}}}});
+  const std::vector<nlohmann::json> events = ParseEvents(written);
+  REQUIRE(events.size() == 5);
+  CHECK(events[0]["choices"][0]["text"] == "hi");
+  CHECK(events[1]["choices"][0]["text"] == "\xC3\xA9");
+  CHECK(events[2]["choices"][0]["text"] == "!");
+  for (int i = 0; i < 3; ++i) {
+    CHECK(events[i]["object"] == "text_completion");
+    CHECK(events[i]["id"] == "cmpl-7");
+    CHECK(events[i]["choices"][0]["finish_reason"].is_null());
+  }
+  CHECK(events[3]["choices"][0]["finish_reason"] == "length");
+  CHECK(events[3]["choices"][0]["text"] == "");
+  CHECK(events[3]["usage"]["completion_tokens"] == 5);
+  CHECK(events[3]["kvc"]["mode"] == "direct");
+  CHECK(events[4] == "[DONE]");
+  // Over: nothing more is written.
+  const size_t size = written.size();
+  stream.Fail(502, "late", false);
+  stream.Tokens(output);
+  CHECK(written.size() == size);
+  CHECK(stream.finished());
+}
+
+TEST_CASE("a streamed chat: the role once, batches decoded in context, failures as events",
+          "[engine][gateway]") {
+  WordTokenizer words;
+  std::string written;
+  bool open = true;
+  CompletionEventStream stream({.id = "chatcmpl-1", .chat = true, .model = ""}, words,
+                               [&](std::string_view b) {
+                                 written.append(b);
+                                 return open;
+                               });
+  const std::vector<TokenId> output = {1, 2, 3, 4, 5, 6, 7};
+  for (size_t i = 0; i < output.size(); ++i) stream.Tokens(std::span(output).subspan(i, 1));
+  std::vector<nlohmann::json> events = ParseEvents(written);
+  REQUIRE(events.size() == output.size());
+  std::string text;
+  for (const nlohmann::json& e : events) {
+    CHECK(e["object"] == "chat.completion.chunk");
+    text += e["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  CHECK(text == words.Decode(output));  // "w1 w2 ... w7": the spaces kept
+  CHECK(events[0]["choices"][0]["delta"]["role"] == "assistant");
+  CHECK_FALSE(events[1]["choices"][0]["delta"].contains("role"));
+
+  SECTION("a failure ends the stream with an error event") {
+    stream.Fail(503, "the load-control queue is full", /*retry=*/true);
+    events = ParseEvents(written);
+    REQUIRE(events.size() == output.size() + 2);
+    const nlohmann::json& error = events[output.size()]["error"];
+    CHECK(error["code"] == 503);
+    CHECK(error["message"] == "the load-control queue is full");
+    CHECK(error["retry_after_s"] == 1);
+    CHECK(events.back() == "[DONE]");
+    const size_t size = written.size();
+    stream.Done(output, nlohmann::json::object(), nlohmann::json::object());
+    CHECK(written.size() == size);
+  }
+  SECTION("a client that goes away gets nothing more") {
+    open = false;
+    stream.Tokens(std::span(output).first(1));  // the write that fails
+    CHECK_FALSE(stream.connected());
+    const size_t size = written.size();
+    stream.Done(output, nlohmann::json::object(), nlohmann::json::object());
+    CHECK(written.size() == size);
+  }
+}
+
+TEST_CASE("a chat answer with no tokens still sends the role, then the end", "[engine][gateway]") {
+  ByteTokenizer bytes;
+  std::string written;
+  CompletionEventStream stream({.id = "chatcmpl-2", .chat = true, .model = "m"}, bytes,
+                               [&](std::string_view b) {
+                                 written.append(b);
+                                 return true;
+                               });
+  stream.Done({}, {{"completion_tokens", 0}}, nlohmann::json::object());
+  const std::vector<nlohmann::json> events = ParseEvents(written);
+  REQUIRE(events.size() == 3);
+  CHECK(events[0]["choices"][0]["delta"] ==
+        nlohmann::json{{"role", "assistant"}, {"content", ""}});
+  CHECK(events[1]["choices"][0]["delta"] == nlohmann::json::object());
+  CHECK(events[2] == "[DONE]");
 }
 
 TEST_CASE("the byte tokenizer and chat template keep prefixes stable", "[engine][gateway]") {

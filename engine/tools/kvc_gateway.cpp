@@ -25,8 +25,9 @@
 //   POST /v1/completions       {"prompt", "max_tokens"?, "session_id"?, "model"?}
 //   POST /v1/chat/completions  {"messages", "max_tokens"?, "session_id"?, "model"?}
 //        Both also take "stream": true (server-sent events in OpenAI's chunk
-//        format: the text as the instance streams it, a failure after the
-//        headers as an error event).
+//        format: the text as the worker streams it, in one chunk from a
+//        worker that answers in one piece; a failure after the headers as an
+//        error event).
 //        The session comes from the X-Session-Id header, else the body's
 //        "session_id" (or "user"); without one each request is its own
 //        session. A "model" listed with --lora salts the hash chain, so
@@ -171,80 +172,31 @@ class JsonReply final : public Reply {
   httplib::Response& res_;
 };
 
-// "stream": true, in OpenAI's event format: a chunk per batch of tokens the
-// instance streams (the first chat chunk carries the assistant role), a last
-// chunk with the finish reason, usage and `kvc`, then [DONE]; a failure is an
-// event {"error": {"message", "code"}} and [DONE]. A client that goes away
-// stops the writing, not the turn: its context is still learned.
+// "stream": true: the answer as OpenAI's server-sent events while the
+// instance produces it (engine::CompletionEventStream). A client that goes
+// away stops the writing, not the turn: its context is still learned.
 class StreamReply final : public Reply {
  public:
   StreamReply(const Turn& turn, std::string id, const engine::Tokenizer& tokenizer,
               httplib::DataSink& sink)
-      : turn_(turn), id_(std::move(id)), tokenizer_(tokenizer), sink_(sink) {}
+      : turn_(turn),
+        events_({.id = std::move(id), .chat = turn.chat, .model = turn.model}, tokenizer,
+                [&sink](std::string_view bytes) { return sink.write(bytes.data(), bytes.size()); }) {}
 
   void Fail(int status, const std::string& message, bool retry) override {
-    json error = {{"message", message}, {"code", status}};
-    if (retry) error["retry_after_s"] = 1;
-    Write(json{{"error", std::move(error)}});
-    WriteRaw("data: [DONE]\n\n");
+    events_.Fail(status, message, retry);
   }
-  void Tokens(std::span<const TokenId> tokens) override {
-    relayed_tokens_ += tokens.size();
-    pending_ += tokenizer_.Decode(tokens);
-    // Whole characters only: a token may end inside a UTF-8 sequence.
-    const size_t whole = engine::CompleteUtf8Prefix(pending_);
-    if (whole == 0) return;
-    Text(pending_.substr(0, whole));
-    pending_.erase(0, whole);
-  }
+  void Tokens(std::span<const TokenId> tokens) override { events_.Tokens(tokens); }
   void Done(const std::vector<TokenId>& output, json kvc) override {
-    if (relayed_tokens_ < output.size()) {
-      Tokens(std::span<const TokenId>(output).subspan(relayed_tokens_));
-    }
-    if (!pending_.empty() || !sent_text_) Text(std::exchange(pending_, std::string()));
-    json end = turn_.chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", "length"}}
-                          : json{{"index", 0}, {"text", ""}, {"finish_reason", "length"}};
-    json last = Chunk(std::move(end));
-    last["usage"] = Usage(turn_, output.size());
     kvc["session"] = turn_.session_key;
-    last["kvc"] = std::move(kvc);
-    Write(last);
-    WriteRaw("data: [DONE]\n\n");
+    events_.Done(output, Usage(turn_, output.size()), json{{"kvc", std::move(kvc)}});
   }
   bool streams() const override { return true; }
-  bool client_connected() const { return connected_; }
+  bool client_connected() const { return events_.connected(); }
 
  private:
-  json Chunk(json choice) const {
-    return json{{"id", id_},
-                {"object", turn_.chat ? "chat.completion.chunk" : "text_completion"},
-                {"model", turn_.model},
-                {"choices", json::array({std::move(choice)})}};
-  }
-  void Text(std::string text) {
-    json choice = {{"index", 0}, {"finish_reason", nullptr}};
-    if (turn_.chat) {
-      choice["delta"] = {{"content", std::move(text)}};
-      if (!sent_text_) choice["delta"]["role"] = "assistant";
-    } else {
-      choice["text"] = std::move(text);
-    }
-    sent_text_ = true;
-    Write(Chunk(std::move(choice)));
-  }
-  void Write(const json& event) { WriteRaw(absl::StrCat("data: ", Dump(event), "\n\n")); }
-  void WriteRaw(const std::string& bytes) {
-    if (connected_) connected_ = sink_.write(bytes.data(), bytes.size());
-  }
-
   const Turn& turn_;
-  const std::string id_;
-  const engine::Tokenizer& tokenizer_;
-  httplib::DataSink& sink_;
-  std::string pending_;  // decoded bytes not yet sent: an incomplete character
-  size_t relayed_tokens_ = 0;
-  bool sent_text_ = false;
-  bool connected_ = true;
+  engine::CompletionEventStream events_;
 };
 
 // What both gateways share: parsing, sessions, hashing, the answer.
@@ -279,20 +231,26 @@ class GatewayBase {
     auto ran = std::make_shared<bool>(false);
     res.set_chunked_content_provider(
         "text/event-stream", [this, parsed, ran, id](size_t, httplib::DataSink& sink) {
-          // The provider is called until done(); the turn runs once.
-          if (!std::exchange(*ran, true)) {
+          // The provider is called until done(); the turn runs once. httplib
+          // does not catch what a provider throws (the server would stop), so
+          // nothing escapes: what the turn took is released by then (RAII)
+          // and the client learns why it ended.
+          if (std::exchange(*ran, true)) return false;
+          try {
             StreamReply reply(*parsed, id, *tokenizer_, sink);
             try {
               Run(*parsed, reply);
             } catch (const std::exception& e) {
-              // Everything the turn took is released by then (RAII); the
-              // client learns why it ended.
               reply.Fail(500, absl::StrCat("the gateway failed: ", e.what()), /*retry=*/false);
+            } catch (...) {
+              reply.Fail(500, "the gateway failed", /*retry=*/false);
             }
             if (!reply.client_connected()) return false;
+            sink.done();
+            return true;
+          } catch (...) {
+            return false;
           }
-          sink.done();
-          return true;
         });
   }
 
@@ -388,14 +346,12 @@ class GatewayBase {
     return [&reply](std::span<const TokenId> tokens) { reply.Tokens(tokens); };
   }
 
+  // The answer's tokens, read as the transport reads a streamed answer's
+  // (none when they are missing or not token ids).
   static std::vector<TokenId> OutputOf(const json& answer) {
-    std::vector<TokenId> output;
-    if (answer.contains("output_token_ids") && answer["output_token_ids"].is_array()) {
-      for (const json& t : answer["output_token_ids"]) {
-        if (t.is_number_unsigned()) output.push_back(t.get<TokenId>());
-      }
-    }
-    return output;
+    if (!answer.is_object() || !answer.contains("output_token_ids")) return {};
+    return engine::HttpWorkerTransport::TokenIds(answer["output_token_ids"])
+        .value_or(std::vector<TokenId>{});
   }
 
   std::unique_ptr<engine::HttpWorkerTransport> transport_;
@@ -953,7 +909,8 @@ int main(int argc, char** argv) {
   size_t max_queued = 192;
   app.add_option("--max-queued-sessions", max_queued,
                  "ear: first turns the load-control queue keeps waiting (each holds one of the "
-                 "256 server threads); more are answered 503 with Retry-After")
+                 "256 server threads); more are answered 503 with Retry-After (streamed: an "
+                 "error event)")
       ->check(CLI::Range(size_t{1}, size_t{224}))
       ->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "default max_tokens")->capture_default_str();

@@ -12,8 +12,10 @@
 //  * `RenderChat`: a deterministic chat template over OpenAI `messages`, so
 //    turn t+1's prompt starts with turn t's prompt plus its answer (what
 //    makes the prefix reusable). Real deployments use the model's template.
-//  * `CompleteUtf8Prefix`: how much of a streamed answer's decoded bytes can
-//    go to the client now, when a token may end inside a character.
+//  * `CompletionEventStream`: a completion relayed to a "stream": true client
+//    in OpenAI's server-sent-event format as the tokens come;
+//    `CompleteUtf8Prefix`: how much of its decoded bytes can go out now, when
+//    a token may end inside a character.
 //  * `GatewayMetrics`: counters and a histogram in the Prometheus text
 //    exposition format (decisions by mode, rejections by reason, admission
 //    attempts and their latency, requests, in-flight per worker).
@@ -23,9 +25,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +82,129 @@ class ByteTokenizer final : public Tokenizer {
     return out;
   }
 };
+
+// One completion answered as OpenAI's server-sent events ("stream": true),
+// written through `write` as the tokens come:
+//   data: {"id", "object", "model", "choices": [{"index": 0, "text" | "delta", "finish_reason": null}]}
+//   ... one chunk per batch of tokens that completes at least one character
+//   data: {... "finish_reason": "length"}], "usage", plus the fields of `extra`}
+//   data: [DONE]
+// `object` is "text_completion" (completions) or "chat.completion.chunk"
+// (chat, whose first delta carries "role": "assistant"). A failure is
+//   data: {"error": {"message", "code", "retry_after_s"?}}  then  data: [DONE]
+// Each batch is decoded in the context of the few tokens before it, so a
+// tokenizer that renders a token by its neighbour (a leading space) streams
+// the same text as it decodes whole; bytes that end inside a UTF-8 character
+// wait for the next batch. After Done or Fail the stream is over and further
+// calls write nothing; once `write` returns false (the client went away)
+// nothing more is written either, and `connected()` says so.
+class CompletionEventStream {
+ public:
+  struct Shape {
+    std::string id;     // "cmpl-..." or "chatcmpl-..."
+    bool chat = false;  // chat.completion.chunk with deltas, else text_completion
+    std::string model;
+  };
+
+  CompletionEventStream(Shape shape, const Tokenizer& tokenizer,
+                        std::function<bool(std::string_view)> write)
+      : shape_(std::move(shape)), tokenizer_(tokenizer), write_(std::move(write)) {}
+
+  // New tokens of the answer, in order.
+  void Tokens(std::span<const TokenId> tokens) {
+    if (finished_ || tokens.empty()) return;
+    relayed_ += tokens.size();
+    std::vector<TokenId> window = window_;
+    window.insert(window.end(), tokens.begin(), tokens.end());
+    const std::string before = tokenizer_.Decode(window_);
+    const std::string after = tokenizer_.Decode(window);
+    if (after.size() > before.size()) pending_ += after.substr(before.size());
+    const size_t keep = std::min(window.size(), kDecodeContextTokens);
+    window_.assign(window.end() - static_cast<std::ptrdiff_t>(keep), window.end());
+    const size_t whole = CompleteUtf8Prefix(pending_);
+    if (whole == 0) return;
+    Text(pending_.substr(0, whole));
+    pending_.erase(0, whole);
+  }
+
+  // The whole answer: `output` is every token (those never passed to Tokens
+  // are sent now), `usage` OpenAI's usage object, `extra` more fields for
+  // the last chunk.
+  void Done(std::span<const TokenId> output, nlohmann::json usage, nlohmann::json extra) {
+    if (finished_) return;
+    if (relayed_ < output.size()) Tokens(output.subspan(relayed_));
+    if (!pending_.empty() || !sent_text_) Text(std::exchange(pending_, std::string()));
+    nlohmann::json end = {{"index", 0}, {"finish_reason", "length"}};
+    if (shape_.chat) {
+      end["delta"] = nlohmann::json::object();
+    } else {
+      end["text"] = "";
+    }
+    nlohmann::json last = Chunk(std::move(end));
+    last["usage"] = std::move(usage);
+    if (extra.is_object()) {
+      for (auto& [key, value] : extra.items()) last[key] = std::move(value);
+    }
+    Event(last);
+    Raw("data: [DONE]\n\n");
+    finished_ = true;
+  }
+
+  // The turn failed after the stream began; `retry`: the client may try
+  // again in a second (what a JSON answer's Retry-After says).
+  void Fail(int status, std::string_view message, bool retry) {
+    if (finished_) return;
+    nlohmann::json error = {{"message", std::string(message)}, {"code", status}};
+    if (retry) error["retry_after_s"] = 1;
+    Event(nlohmann::json{{"error", std::move(error)}});
+    Raw("data: [DONE]\n\n");
+    finished_ = true;
+  }
+
+  bool connected() const { return connected_; }
+  bool finished() const { return finished_; }
+
+ private:
+  // Tokens of context each batch is decoded after.
+  static constexpr size_t kDecodeContextTokens = 4;
+
+  nlohmann::json Chunk(nlohmann::json choice) const {
+    return {{"id", shape_.id},
+            {"object", shape_.chat ? "chat.completion.chunk" : "text_completion"},
+            {"model", shape_.model},
+            {"choices", nlohmann::json::array({std::move(choice)})}};
+  }
+  void Text(std::string text) {
+    nlohmann::json choice = {{"index", 0}, {"finish_reason", nullptr}};
+    if (shape_.chat) {
+      choice["delta"] = {{"content", std::move(text)}};
+      if (!sent_text_) choice["delta"]["role"] = "assistant";
+    } else {
+      choice["text"] = std::move(text);
+    }
+    sent_text_ = true;
+    Event(Chunk(std::move(choice)));
+  }
+  void Event(const nlohmann::json& event) {
+    // Bytes that are not UTF-8 are replaced, never thrown on.
+    Raw(absl::StrCat("data: ", event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                     "\n\n"));
+  }
+  void Raw(std::string_view bytes) {
+    if (connected_) connected_ = write_(bytes);
+  }
+
+  Shape shape_;
+  const Tokenizer& tokenizer_;
+  std::function<bool(std::string_view)> write_;
+  std::vector<TokenId> window_;  // the last tokens decoded, context for the next batch
+  std::string pending_;          // decoded bytes not sent yet: an incomplete character
+  size_t relayed_ = 0;
+  bool sent_text_ = false;
+  bool connected_ = true;
+  bool finished_ = false;
+};
+
 
 // "<|role|>content\n" per message, then "<|assistant|>" to prompt the
 // answer. An assistant message renders as the answer it was plus "\n", so a

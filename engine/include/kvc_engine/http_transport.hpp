@@ -254,6 +254,21 @@ class HttpWorkerTransport {
     return Attachment(this, session, std::move(slot));
   }
 
+  // The token ids in `value` (an array of unsigned integers that fit a
+  // TokenId), or nullopt: how every answer's token arrays are read.
+  static std::optional<std::vector<TokenId>> TokenIds(const nlohmann::json& value) {
+    if (!value.is_array()) return std::nullopt;
+    std::vector<TokenId> ids;
+    ids.reserve(value.size());
+    for (const nlohmann::json& id : value) {
+      if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<TokenId>::max()) {
+        return std::nullopt;
+      }
+      ids.push_back(id.get<TokenId>());
+    }
+    return ids;
+  }
+
   absl::StatusOr<AdmitResult> Admit(WorkerId decode, const AdmitQuery& query) {
     if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
     absl::StatusOr<nlohmann::json> answer =
@@ -475,20 +490,6 @@ class HttpWorkerTransport {
     bool has_data_ = false, saw_field_ = false;
   };
 
-  // The unsigned integers of `value` (an array), or nullopt.
-  static std::optional<std::vector<TokenId>> TokenIds(const nlohmann::json& value) {
-    if (!value.is_array()) return std::nullopt;
-    std::vector<TokenId> ids;
-    ids.reserve(value.size());
-    for (const nlohmann::json& id : value) {
-      if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<TokenId>::max()) {
-        return std::nullopt;
-      }
-      ids.push_back(id.get<TokenId>());
-    }
-    return ids;
-  }
-
   // A generate call answered as server-sent events: `on_first_token` runs
   // on the first event, `on_tokens` on each event's "token_ids"; the answer
   // is the last event with "output_token_ids". A plain JSON answer (a
@@ -517,19 +518,21 @@ class HttpWorkerTransport {
       if (std::exchange(signalled, true) || callbacks.on_first_token == nullptr) return true;
       return guarded(callbacks.on_first_token);
     };
+    // Tokens are checked and handed over only for a caller that takes them.
+    const bool relay = callbacks.on_tokens != nullptr;
     auto deliver = [&](std::span<const TokenId> tokens) {
-      if (tokens.empty()) return true;
+      if (!relay || tokens.empty()) return true;
       delivered.insert(delivered.end(), tokens.begin(), tokens.end());
-      if (callbacks.on_tokens == nullptr) return true;
       return guarded([&] { callbacks.on_tokens(tokens); });
     };
     // What the events did not carry of the answer's tokens; nullopt when
-    // they carried something else.
+    // they carried something else or the answer's ids are not token ids.
     auto rest_of = [&](const nlohmann::json& final_answer)
         -> std::optional<std::vector<TokenId>> {
+      if (!relay) return std::vector<TokenId>{};
       std::optional<std::vector<TokenId>> output =
           TokenIds(final_answer.value("output_token_ids", nlohmann::json::array()));
-      if (!output.has_value()) return std::vector<TokenId>{};  // no tokens to reconcile
+      if (!output.has_value()) return std::nullopt;
       if (delivered.size() > output->size() ||
           !std::equal(delivered.begin(), delivered.end(), output->begin())) {
         return std::nullopt;
@@ -542,15 +545,15 @@ class HttpWorkerTransport {
       nlohmann::json event = nlohmann::json::parse(data, nullptr, false);
       if (event.is_discarded()) {
         malformed = true;
-        return true;
+        return false;  // stop reading: nothing after it is relayed
       }
       if (!signal()) return false;
       if (!event.is_object()) return true;
-      if (event.contains("token_ids")) {
+      if (relay && event.contains("token_ids")) {
         const std::optional<std::vector<TokenId>> tokens = TokenIds(event["token_ids"]);
         if (!tokens.has_value()) {
           malformed = true;
-          return true;
+          return false;
         }
         if (!deliver(*tokens)) return false;
       }
@@ -569,18 +572,23 @@ class HttpWorkerTransport {
     };
     httplib::Result result = client->send(req);
     if (thrown) std::rethrow_exception(thrown);
-    if (absl::Status s = Answered(result, url, path, whole); !s.ok()) return s;
-    reader.Finish();
-    if (thrown) std::rethrow_exception(thrown);
     auto unavailable = [&](const std::string& why) {
       return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ", why));
     };
+    // The reading stopped at a bad event (unless the status said more).
+    if (malformed && (!result || result->status == 200)) {
+      return unavailable("an event is not JSON or its token_ids are not token ids");
+    }
+    if (absl::Status s = Answered(result, url, path, whole); !s.ok()) return s;
+    reader.Finish();
+    if (thrown) std::rethrow_exception(thrown);
     if (!reader.saw_event_stream()) {  // not a stream: plain JSON
       nlohmann::json plain = nlohmann::json::parse(whole, nullptr, false);
       if (!plain.is_discarded() && plain.is_object()) {
         const std::optional<std::vector<TokenId>> rest = rest_of(plain);
         if (signal() && rest.has_value()) deliver(*rest);
         if (thrown) std::rethrow_exception(thrown);
+        if (!rest.has_value()) return unavailable("the answer's output_token_ids are not token ids");
         return plain;
       }
     }
@@ -590,7 +598,8 @@ class HttpWorkerTransport {
     }
     const std::optional<std::vector<TokenId>> rest = rest_of(answer);
     if (!rest.has_value()) {
-      return unavailable("the streamed token_ids disagree with the answer's output_token_ids");
+      return unavailable(
+          "the answer's output_token_ids are not token ids or disagree with the streamed token_ids");
     }
     deliver(*rest);
     if (thrown) std::rethrow_exception(thrown);
