@@ -544,6 +544,39 @@ def run_ear(args, start):
         message = json.loads(e.read().decode())["error"]["message"]
         check(e.code == 400 and "stream" in message and '"yes"' in message,
               f"stream=\"yes\": HTTP {e.code} {message}")
+    # A client that goes away mid-stream stops the writing, not the turn: it
+    # completes on the instance, counts as served and gives its load back.
+    # (The last events may still fit the socket's buffer; a write that fails
+    # is covered by the CompletionEventStream unit test.)
+    before = parse_metrics(http(gateway + "/metrics")[1])
+    live_before = http(gateway + "/debug/index")[1]["live_context_tokens"]
+    req = urllib.request.Request(
+        gateway + "/v1/completions",
+        data=json.dumps({"prompt": filler(82, 0, 400), "max_tokens": STREAM_TOKENS,
+                         "stream": True}).encode(),
+        headers={"Content-Type": "application/json", "X-Session-Id": "impatient"})
+    r = urllib.request.urlopen(req, timeout=30)
+    first = r.readline().decode()
+    check(first.startswith("data: "), f"the first event came: {first!r}")
+    r.close()
+    deadline = time.time() + 20
+    while True:
+        m = parse_metrics(http(gateway + "/metrics")[1])
+        done = (m['kvc_requests_total{status="ok"}'] ==
+                before['kvc_requests_total{status="ok"}'] + 1)
+        idle = all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
+                   m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2))
+        if done and idle:
+            break
+        check(time.time() < deadline,
+              f"the abandoned turn completed and gave its load back: done={done} idle={idle}")
+        time.sleep(0.05)
+    _, debug = http(gateway + "/debug/index")
+    check(debug["live_context_tokens"] >= live_before + 400,
+          f"the abandoned turn's context (400 prompt tokens and its answer) is counted live: "
+          f"{live_before} -> {debug['live_context_tokens']}")
+    print("streamed: a client that left mid-stream; its turn completed and released")
+
     # A failure after the headers went out is an error event, then [DONE].
     doomed_prompt = filler(81, 0, 300)
     r = completion(gateway, "doomed", doomed_prompt)
