@@ -493,8 +493,25 @@ def run_ear(args, start):
     check(all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
               m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2)),
           "every ticket gave its load back")
+    # A streamed first turn waits with keep-alive comments; its client
+    # leaving takes it out of the queue: it is never placed.
+    req = urllib.request.Request(
+        gateway + "/v1/completions",
+        data=json.dumps({"prompt": filler(58, 0, 6000), "stream": True}).encode(),
+        headers={"Content-Type": "application/json", "X-Session-Id": "task-8"})
+    r = urllib.request.urlopen(req, timeout=30)
+    wait_queue(1)
+    line = r.readline().decode()
+    check(line.startswith(": waiting"), f"a keep-alive comment while queued: {line!r}")
+    r.close()
+    wait_queue(0)
+    m = parse_metrics(http(gateway + "/metrics")[1])
+    check(m['kvc_requests_total{status="error"}'] == 2 and m["kvc_held_first_turns_total"] == 2 and
+          m["kvc_gateway_sessions"] == 5,
+          "the abandoned queued turn failed without being placed or kept")
     print(f"phase 3: tasks 5 and 7 waited {r5['kvc']['held_s']:.2f} s and "
-          f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; modes {modes}")
+          f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; task 8's client "
+          f"left the queue; modes {modes}")
 
     # --- "stream": true: OpenAI's event format, same session rules ----------
     def stream(path, body, session="streamed"):

@@ -620,11 +620,14 @@ TEST_CASE("a streamed chat: the role once, batches decoded in context, failures 
     CHECK(written.size() == size);
   }
   SECTION("a client that goes away gets nothing more") {
+    CHECK(stream.KeepAlive("waiting"));
+    CHECK(written.substr(written.size() - 11) == ": waiting\n\n");
     open = false;
     stream.Tokens(std::span(output).first(1));  // the write that fails
     CHECK_FALSE(stream.connected());
     const size_t size = written.size();
     stream.Done(output, nlohmann::json::object(), nlohmann::json::object());
+    CHECK_FALSE(stream.KeepAlive("waiting"));
     CHECK(written.size() == size);
   }
 }

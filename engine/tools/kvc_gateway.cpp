@@ -117,6 +117,9 @@ class Reply {
   virtual void Done(const std::vector<TokenId>& output, json kvc) = 0;
   // Whether Tokens is worth calling before Done.
   virtual bool streams() const = 0;
+  // The turn waits (in the load-control queue); false once the client is
+  // known to be gone, so the turn need not wait any longer.
+  virtual bool StillWaiting() = 0;
 
  protected:
   static json Usage(const Turn& turn, size_t completion_tokens) {
@@ -144,6 +147,8 @@ class JsonReply final : public Reply {
     res_.set_content(Dump(json{{"error", {{"message", message}}}}), "application/json");
   }
   void Tokens(std::span<const TokenId>) override {}
+  // Nothing can reach the client before the answer.
+  bool StillWaiting() override { return true; }
   void Done(const std::vector<TokenId>& output, json kvc) override {
     const std::string completion = tokenizer_.Decode(output);
     json choice = {{"index", 0}, {"finish_reason", "length"}};
@@ -192,6 +197,8 @@ class StreamReply final : public Reply {
     events_.Done(output, Usage(turn_, output.size()), json{{"kvc", std::move(kvc)}});
   }
   bool streams() const override { return true; }
+  // A comment event: keeps the connection busy and finds out a client that left.
+  bool StillWaiting() override { return events_.KeepAlive("waiting in the load-control queue"); }
   bool client_connected() const { return events_.connected(); }
 
  private:
@@ -666,7 +673,7 @@ class AffinityGateway final : public GatewayBase {
       // session's fresh chain (after an error or a rewritten prompt) is a
       // running session and never waits behind new ones.
       if (request.request.turn == 0 && policy_->binding(turn.session) == kNoWorker) {
-        absl::StatusOr<double> waited = WaitForRoom(lock, request, s.cancel);
+        absl::StatusOr<double> waited = WaitForRoom(lock, request, s.cancel, reply);
         if (!waited.ok()) {
           lock.unlock();
           s.hasher.reset();  // nothing was sent: the next request starts the chain again
@@ -796,11 +803,13 @@ class AffinityGateway final : public GatewayBase {
   // Load control: queues a first turn, oldest first, until the policy lets
   // it in; rechecked when a request finishes, a session closes or every
   // kHoldRecheckSeconds. Returns the seconds it waited; Cancelled when its
-  // session was closed meanwhile, ResourceExhausted when the queue is full
-  // (each waiting turn holds a server thread).
+  // session was closed meanwhile or its client went away (a streamed turn
+  // hears of it at the keep-alive it sends each kHoldRecheckSeconds, written
+  // outside the lock), ResourceExhausted when the queue is full (each
+  // waiting turn holds a server thread).
   absl::StatusOr<double> WaitForRoom(std::unique_lock<std::mutex>& lock,
                                      const policy::PolicyRequest& request,
-                                     const std::atomic<bool>& cancel) {
+                                     const std::atomic<bool>& cancel, Reply& reply) {
     if (queue_.size() >= max_queued_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the load-control queue is full (", queue_.size(), " first turns wait); retry later"));
@@ -814,6 +823,8 @@ class AffinityGateway final : public GatewayBase {
       queue_cv_.notify_all();
     };
     bool held = false;  // by the policy, or behind a turn it held
+    const auto recheck = std::chrono::duration<double>(policy::kHoldRecheckSeconds);
+    auto last_sign = std::chrono::steady_clock::now();
     while (true) {
       if (cancel) {
         return absl::CancelledError("the session was closed while its first turn waited");
@@ -822,7 +833,16 @@ class AffinityGateway final : public GatewayBase {
         break;
       }
       held = true;
-      queue_cv_.wait_for(lock, std::chrono::duration<double>(policy::kHoldRecheckSeconds));
+      queue_cv_.wait_for(lock, recheck);
+      if (std::chrono::steady_clock::now() - last_sign >= recheck) {
+        last_sign = std::chrono::steady_clock::now();
+        lock.unlock();  // a slow client must not stall the policy
+        const bool client_waits = reply.StillWaiting();
+        lock.lock();
+        if (!client_waits) {
+          return absl::CancelledError("the client went away while its first turn waited");
+        }
+      }
     }
     const double waited = ledger_->now_s() - arrived_s;
     if (held) {

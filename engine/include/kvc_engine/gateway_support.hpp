@@ -97,7 +97,8 @@ class ByteTokenizer final : public Tokenizer {
 // the same text as it decodes whole; bytes that end inside a UTF-8 character
 // wait for the next batch. After Done or Fail the stream is over and further
 // calls write nothing; once `write` returns false (the client went away)
-// nothing more is written either, and `connected()` says so.
+// nothing more is written either, and `connected()` says so. While the turn
+// waits to start, KeepAlive sends comments (": ...") that clients skip.
 class CompletionEventStream {
  public:
   struct Shape {
@@ -159,6 +160,15 @@ class CompletionEventStream {
     Event(nlohmann::json{{"error", std::move(error)}});
     Raw("data: [DONE]\n\n");
     finished_ = true;
+  }
+
+  // An SSE comment (clients skip it) while the answer has not begun: keeps
+  // an idle connection alive and tells whether the client is still there
+  // (false once a write failed; a client that just left may take one more
+  // comment to notice).
+  bool KeepAlive(std::string_view note) {
+    if (!finished_) Raw(": " + std::string(note) + "\n\n");
+    return connected_;
   }
 
   bool connected() const { return connected_; }
