@@ -326,15 +326,37 @@ TEST_CASE("streamed tokens: a plain answer, tokens that disagree, bad ids, a thr
     CHECK(delivered == std::vector<TokenId>{1});
     CHECK(attachment.response().is_null());
   }
-  SECTION("token ids that are not unsigned integers are worker-unavailable") {
-    StreamingWorker bad(R"(data: {"token_ids":[-1]})" "\n\n",
-                        R"(data: {"output_token_ids":[1]})" "\n\n", 200, /*wait=*/false);
+  SECTION("token ids that are not unsigned integers are worker-unavailable; nothing after them "
+          "is relayed") {
+    StreamingWorker bad(R"(data: {"token_ids":[-1]})" "\n\n" R"(data: {"token_ids":[2]})" "\n\n",
+                        R"(data: {"output_token_ids":[2]})" "\n\n", 200, /*wait=*/false);
     auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
     REQUIRE(transport.ok());
     auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
     const absl::Status s = (*transport)->RunOnInstance(0, request);
     CHECK(s.code() == absl::StatusCode::kUnavailable);
     CHECK_THAT(std::string(s.message()), Catch::Contains("token_ids"));
+    CHECK(deliveries == 0);
+  }
+  SECTION("an event that is not JSON stops the relay") {
+    StreamingWorker bad("data: {oops\n\n" R"(data: {"token_ids":[2]})" "\n\n",
+                        R"(data: {"output_token_ids":[2]})" "\n\n", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("not JSON"));
+    CHECK(deliveries == 0);
+  }
+  SECTION("a plain answer whose output_token_ids are not token ids is worker-unavailable") {
+    StreamingWorker plain(R"({"output_token_ids":[1,-2]})", "", 200, /*wait=*/false);
+    auto transport = HttpWorkerTransport::Create({.decode_urls = {plain.url()}});
+    REQUIRE(transport.ok());
+    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+    const absl::Status s = (*transport)->RunOnInstance(0, request);
+    CHECK(s.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(s.message()), Catch::Contains("not token ids"));
     CHECK(deliveries == 0);
   }
   SECTION("an answer whose output_token_ids are not token ids is worker-unavailable") {
@@ -542,6 +564,41 @@ class WordTokenizer final : public Tokenizer {
     return out;
   }
 };
+
+// Byte tokens, decoded the way Hugging Face tokenizers do: a character cut
+// short is rendered as U+FFFD.
+class ReplacingByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<TokenId> Encode(std::string_view) const override { return {}; }
+  std::string Decode(std::span<const TokenId> tokens) const override {
+    std::string bytes = ByteTokenizer().Decode(tokens);
+    const size_t whole = CompleteUtf8Prefix(bytes);
+    if (whole < bytes.size()) bytes.replace(whole, std::string::npos, "\xEF\xBF\xBD");
+    return bytes;
+  }
+};
+
+TEST_CASE("a character split over batches streams whole with a tokenizer that renders U+FFFD",
+          "[engine][gateway]") {
+  ReplacingByteTokenizer tokenizer;
+  std::string written;
+  CompletionEventStream stream({.id = "cmpl-9", .chat = false, .model = "m"}, tokenizer,
+                               [&](std::string_view b) {
+                                 written.append(b);
+                                 return true;
+                               });
+  const std::vector<TokenId> output = {'a', 0xE2, 0x82, 0xAC, 'b'};  // "a€b"
+  for (size_t i = 0; i < output.size(); ++i) stream.Tokens(std::span(output).subspan(i, 1));
+  stream.Done(output, nlohmann::json::object(), nlohmann::json::object());
+  std::string text;
+  for (const nlohmann::json& e : ParseEvents(written)) {
+    if (e.is_object() && e["choices"][0]["finish_reason"].is_null()) {
+      text += e["choices"][0]["text"].get<std::string>();
+    }
+  }
+  CHECK(text == "a\xE2\x82\xAC" "b");
+  CHECK(text.find("\xEF\xBF\xBD") == std::string::npos);
+}
 
 TEST_CASE("a streamed completion: text chunks as tokens come, whole characters, then the end",
           "[engine][gateway]") {

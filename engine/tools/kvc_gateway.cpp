@@ -353,12 +353,20 @@ class GatewayBase {
     return [&reply](std::span<const TokenId> tokens) { reply.Tokens(tokens); };
   }
 
-  // The answer's tokens, read as the transport reads a streamed answer's
-  // (none when they are missing or not token ids).
-  static std::vector<TokenId> OutputOf(const json& answer) {
-    if (!answer.is_object() || !answer.contains("output_token_ids")) return {};
-    return engine::HttpWorkerTransport::TokenIds(answer["output_token_ids"])
-        .value_or(std::vector<TokenId>{});
+  // The answer's tokens (none when it has none), read as the transport
+  // reads a streamed answer's: ids that are not token ids fail the turn,
+  // streamed or not, rather than teach the session a context nobody saw.
+  static absl::StatusOr<std::vector<TokenId>> OutputOf(const json& answer) {
+    if (!answer.is_object() || !answer.contains("output_token_ids")) {
+      return std::vector<TokenId>{};
+    }
+    std::optional<std::vector<TokenId>> ids =
+        engine::HttpWorkerTransport::TokenIds(answer["output_token_ids"]);
+    if (!ids.has_value()) {
+      return absl::UnavailableError(
+          "worker-unavailable: the answer's output_token_ids are not token ids");
+    }
+    return *std::move(ids);
   }
 
   std::unique_ptr<engine::HttpWorkerTransport> transport_;
@@ -549,12 +557,14 @@ class KvcGateway final : public GatewayBase {
         engine::HttpWorkerTransport::StreamCallbacks{.on_tokens = RelayTo(reply)});
     const absl::Status ran = RunDecision(*transport_, decision, request);
     (void)op->Complete();
-    if (!ran.ok()) {
+    absl::StatusOr<std::vector<TokenId>> answered =
+        ran.ok() ? OutputOf(attachment.response()) : ran;
+    if (!answered.ok()) {
       metrics_.Request(false);
       s.hasher.reset();  // what the workers hold is unknown now
-      return reply.Fail(502, std::string(ran.message()));
+      return reply.Fail(502, std::string(answered.status().message()));
     }
-    const std::vector<TokenId> output = OutputOf(attachment.response());
+    const std::vector<TokenId> output = *std::move(answered);
     s.hasher->AppendContext(output);
     s.context = turn.tokens;
     s.context.insert(s.context.end(), output.begin(), output.end());
@@ -742,14 +752,15 @@ class AffinityGateway final : public GatewayBase {
     if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
       s.served.push_back(instance);
     }
-    if (!ran.ok()) {
+    const json answer = attachment.response();
+    absl::StatusOr<std::vector<TokenId>> answered = ran.ok() ? OutputOf(answer) : ran;
+    if (!answered.ok()) {
       report_finished();  // no context learned
       metrics_.Request(false);
       s.hasher.reset();  // what the instance holds is unknown now
-      return reply.Fail(502, std::string(ran.message()));
+      return reply.Fail(502, std::string(answered.status().message()));
     }
-    const json answer = attachment.response();
-    const std::vector<TokenId> output = OutputOf(answer);
+    const std::vector<TokenId> output = *std::move(answered);
     s.hasher->AppendContext(output);
     request.context_hashes = s.hasher->hashes();
     report_finished();
@@ -834,11 +845,15 @@ class AffinityGateway final : public GatewayBase {
       }
       held = true;
       queue_cv_.wait_for(lock, recheck);
-      if (std::chrono::steady_clock::now() - last_sign >= recheck) {
+      if (reply.streams() && std::chrono::steady_clock::now() - last_sign >= recheck) {
         last_sign = std::chrono::steady_clock::now();
-        lock.unlock();  // a slow client must not stall the policy
-        const bool client_waits = reply.StillWaiting();
-        lock.lock();
+        bool client_waits = false;
+        {
+          lock.unlock();  // a slow client must not stall the policy
+          // Locked again on every path: `leave` edits the queue under it.
+          absl::Cleanup relock = [&lock] { lock.lock(); };
+          client_waits = reply.StillWaiting();
+        }
         if (!client_waits) {
           return absl::CancelledError("the client went away while its first turn waited");
         }

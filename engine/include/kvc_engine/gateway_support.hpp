@@ -42,6 +42,9 @@
 
 namespace kvc_router::engine {
 
+// Decode must be deterministic, and the decode of a token sequence must
+// extend the decode of its prefixes once they end in a whole character
+// (what streaming relies on: CompletionEventStream).
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -92,13 +95,18 @@ class ByteTokenizer final : public Tokenizer {
 // `object` is "text_completion" (completions) or "chat.completion.chunk"
 // (chat, whose first delta carries "role": "assistant"). A failure is
 //   data: {"error": {"message", "code", "retry_after_s"?}}  then  data: [DONE]
-// Each batch is decoded in the context of the few tokens before it, so a
-// tokenizer that renders a token by its neighbour (a leading space) streams
-// the same text as it decodes whole; bytes that end inside a UTF-8 character
-// wait for the next batch. After Done or Fail the stream is over and further
-// calls write nothing; once `write` returns false (the client went away)
-// nothing more is written either, and `connected()` says so. While the turn
-// waits to start, KeepAlive sends comments (": ...") that clients skip.
+// Text goes out the way incremental detokenizers (vLLM's, TGI's) do it:
+// the tokens not sent yet are decoded after the last batch that was sent,
+// and the new text goes out only when it extends that batch's text and ends
+// in a whole character (not inside a UTF-8 sequence, not in the U+FFFD a
+// tokenizer renders a partial character as). Otherwise the tokens wait for
+// the next batch, or for Done, which sends what is left. So a tokenizer
+// that renders a token by its neighbour (a leading space) or decodes byte
+// tokens streams the text it decodes whole. After Done or Fail the stream
+// is over and further calls write nothing; once `write` returns false (the
+// client went away) nothing more is written either, and `connected()` says
+// so. While the turn waits to start, KeepAlive sends comments (": ...")
+// that clients skip.
 class CompletionEventStream {
  public:
   struct Shape {
@@ -115,17 +123,8 @@ class CompletionEventStream {
   void Tokens(std::span<const TokenId> tokens) {
     if (finished_ || tokens.empty()) return;
     relayed_ += tokens.size();
-    std::vector<TokenId> window = window_;
-    window.insert(window.end(), tokens.begin(), tokens.end());
-    const std::string before = tokenizer_.Decode(window_);
-    const std::string after = tokenizer_.Decode(window);
-    if (after.size() > before.size()) pending_ += after.substr(before.size());
-    const size_t keep = std::min(window.size(), kDecodeContextTokens);
-    window_.assign(window.end() - static_cast<std::ptrdiff_t>(keep), window.end());
-    const size_t whole = CompleteUtf8Prefix(pending_);
-    if (whole == 0) return;
-    Text(pending_.substr(0, whole));
-    pending_.erase(0, whole);
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    SendDecoded(/*at_end=*/false);
   }
 
   // The whole answer: `output` is every token (those never passed to Tokens
@@ -134,7 +133,8 @@ class CompletionEventStream {
   void Done(std::span<const TokenId> output, nlohmann::json usage, nlohmann::json extra) {
     if (finished_) return;
     if (relayed_ < output.size()) Tokens(output.subspan(relayed_));
-    if (!pending_.empty() || !sent_text_) Text(std::exchange(pending_, std::string()));
+    SendDecoded(/*at_end=*/true);
+    if (!sent_text_) Text(std::string());
     nlohmann::json end = {{"index", 0}, {"finish_reason", "length"}};
     if (shape_.chat) {
       end["delta"] = nlohmann::json::object();
@@ -175,8 +175,23 @@ class CompletionEventStream {
   bool finished() const { return finished_; }
 
  private:
-  // Tokens of context each batch is decoded after.
-  static constexpr size_t kDecodeContextTokens = 4;
+  // Sends the text of the tokens after read_offset_, decoded after those
+  // from prefix_offset_ (the batch sent last), when it is whole or `at_end`.
+  void SendDecoded(bool at_end) {
+    const std::span<const TokenId> all(tokens_);
+    const std::string before = tokenizer_.Decode(all.subspan(0, read_offset_));
+    const std::string after = tokenizer_.Decode(all);
+    const bool extends = after.size() > before.size() && after.compare(0, before.size(), before) == 0;
+    const bool whole = CompleteUtf8Prefix(after) == after.size() &&
+                       !(after.size() >= 3 && after.compare(after.size() - 3, 3, "\xEF\xBF\xBD") == 0);
+    // At the end what is left goes out as it is (by length, should the
+    // last tokens have rewritten the text before them).
+    if (!(extends && whole) && !(at_end && after.size() > before.size())) return;
+    Text(after.substr(before.size()));
+    // The batch just sent is the next one's context.
+    tokens_.erase(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(read_offset_));
+    read_offset_ = tokens_.size();
+  }
 
   nlohmann::json Chunk(nlohmann::json choice) const {
     return {{"id", shape_.id},
@@ -207,8 +222,9 @@ class CompletionEventStream {
   Shape shape_;
   const Tokenizer& tokenizer_;
   std::function<bool(std::string_view)> write_;
-  std::vector<TokenId> window_;  // the last tokens decoded, context for the next batch
-  std::string pending_;          // decoded bytes not sent yet: an incomplete character
+  // The batch sent last (tokens_[0, read_offset_)), then tokens not sent yet.
+  std::vector<TokenId> tokens_;
+  size_t read_offset_ = 0;
   size_t relayed_ = 0;
   bool sent_text_ = false;
   bool connected_ = true;
