@@ -271,14 +271,30 @@ def completion(gateway, key, prompt, max_tokens=MAX_TOKENS, timeout=60):
     return r
 
 
-def stream_events(gateway, path, body, session):
-    """A "stream": true request: its events, read as they arrive, with their
-    arrival times; checks the event-stream type and the closing [DONE]."""
+def poll_metrics(gateway, done, what, timeout=20):
+    """Polls the gateway's metrics until done(metrics); returns them."""
+    deadline = time.time() + timeout
+    while True:
+        m = parse_metrics(http(gateway + "/metrics")[1])
+        if done(m):
+            return m
+        check(time.time() < deadline, f"{what} (metrics: {m})")
+        time.sleep(0.05)
+
+
+def open_stream(gateway, body, session, path="/v1/completions"):
+    """Sends a "stream": true request; returns the open response."""
     req = urllib.request.Request(gateway + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
                                           "X-Session-Id": session})
+    return urllib.request.urlopen(req, timeout=30)
+
+
+def stream_events(gateway, path, body, session):
+    """A "stream": true request: its events, read as they arrive, with their
+    arrival times; checks the event-stream type and the closing [DONE]."""
     events = []
-    with urllib.request.urlopen(req, timeout=30) as r:
+    with open_stream(gateway, body, session, path) as r:
         check(r.headers.get("Content-Type", "").startswith("text/event-stream"),
               f"{path}: event stream, got {r.headers.get('Content-Type')}")
         for line in r:
@@ -495,28 +511,16 @@ def run_ear(args, start):
           "every ticket gave its load back")
     # A streamed first turn waits with keep-alive comments; its client
     # leaving takes it out of the queue: it is never placed.
-    req = urllib.request.Request(
-        gateway + "/v1/completions",
-        data=json.dumps({"prompt": filler(58, 0, 6000), "stream": True}).encode(),
-        headers={"Content-Type": "application/json", "X-Session-Id": "task-8"})
-    r = urllib.request.urlopen(req, timeout=30)
+    r = open_stream(gateway, {"prompt": filler(58, 0, 6000), "stream": True}, "task-8")
     wait_queue(1)
     line = r.readline().decode()
     check(line.startswith(": waiting"), f"a keep-alive comment while queued: {line!r}")
     r.close()
     # The turn leaves the queue, then is counted and forgotten: poll for all.
-    deadline = time.time() + 20
-    while True:
-        m = parse_metrics(http(gateway + "/metrics")[1])
-        errors = m['kvc_requests_total{status="error"}']
-        if (m["kvc_hold_queue_length"] == 0 and errors == 2 and
-                m["kvc_gateway_sessions"] == 5):
-            break
-        check(time.time() < deadline,
-              f"the abandoned queued turn failed and was forgotten: queue "
-              f"{m['kvc_hold_queue_length']}, errors {errors}, "
-              f"sessions {m['kvc_gateway_sessions']}")
-        time.sleep(0.05)
+    m = poll_metrics(gateway, lambda m: (m["kvc_hold_queue_length"] == 0 and
+                                         m['kvc_requests_total{status="error"}'] == 2 and
+                                         m["kvc_gateway_sessions"] == 5),
+                     "the abandoned queued turn failed and was forgotten")
     check(m["kvc_held_first_turns_total"] == 2, "the abandoned turn was never placed")
     print(f"phase 3: tasks 5 and 7 waited {r5['kvc']['held_s']:.2f} s and "
           f"{r7['kvc']['held_s']:.2f} s, in order; a close cancelled task 6; task 8's client "
@@ -576,27 +580,17 @@ def run_ear(args, start):
     # is covered by the CompletionEventStream unit test.)
     before = parse_metrics(http(gateway + "/metrics")[1])
     live_before = http(gateway + "/debug/index")[1]["live_context_tokens"]
-    req = urllib.request.Request(
-        gateway + "/v1/completions",
-        data=json.dumps({"prompt": filler(82, 0, 400), "max_tokens": STREAM_TOKENS,
-                         "stream": True}).encode(),
-        headers={"Content-Type": "application/json", "X-Session-Id": "impatient"})
-    r = urllib.request.urlopen(req, timeout=30)
+    r = open_stream(gateway, {"prompt": filler(82, 0, 400), "max_tokens": STREAM_TOKENS,
+                              "stream": True}, "impatient")
     first = r.readline().decode()
     check(first.startswith("data: "), f"the first event came: {first!r}")
     r.close()
-    deadline = time.time() + 20
-    while True:
-        m = parse_metrics(http(gateway + "/metrics")[1])
-        done = (m['kvc_requests_total{status="ok"}'] ==
-                before['kvc_requests_total{status="ok"}'] + 1)
-        idle = all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
-                   m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2))
-        if done and idle:
-            break
-        check(time.time() < deadline,
-              f"the abandoned turn completed and gave its load back: done={done} idle={idle}")
-        time.sleep(0.05)
+    ok_before = before['kvc_requests_total{status="ok"}']
+    poll_metrics(gateway, lambda m: (
+        m['kvc_requests_total{status="ok"}'] == ok_before + 1 and
+        all(m[f'kvc_inflight_requests{{worker="{d}"}}'] == 0 and
+            m[f'kvc_pending_prefill_tokens{{worker="{d}"}}'] == 0 for d in range(2))),
+        "the abandoned turn completed and gave its load back")
     _, debug = http(gateway + "/debug/index")
     check(debug["live_context_tokens"] >= live_before + 400,
           f"the abandoned turn's context (400 prompt tokens and its answer) is counted live: "

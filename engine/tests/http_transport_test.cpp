@@ -314,60 +314,39 @@ TEST_CASE("streamed tokens: a plain answer, tokens that disagree, bad ids, a thr
     CHECK(delivered == std::vector<TokenId>{7, 8, 9});
     CHECK(plain.last_body()["stream"] == true);
   }
-  SECTION("events whose tokens are not the answer's are worker-unavailable") {
-    StreamingWorker liar(R"(data: {"token_ids":[1]})" "\n\n",
-                         R"(data: {"output_token_ids":[2,3]})" "\n\n", 200, /*wait=*/false);
-    auto transport = HttpWorkerTransport::Create({.decode_urls = {liar.url()}});
-    REQUIRE(transport.ok());
-    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
-    const absl::Status s = (*transport)->RunOnInstance(0, request);
-    CHECK(s.code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("disagree"));
-    CHECK(delivered == std::vector<TokenId>{1});
-    CHECK(attachment.response().is_null());
-  }
-  SECTION("token ids that are not unsigned integers are worker-unavailable; nothing after them "
-          "is relayed") {
-    StreamingWorker bad(R"(data: {"token_ids":[-1]})" "\n\n" R"(data: {"token_ids":[2]})" "\n\n",
-                        R"(data: {"output_token_ids":[2]})" "\n\n", 200, /*wait=*/false);
-    auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
-    REQUIRE(transport.ok());
-    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
-    const absl::Status s = (*transport)->RunOnInstance(0, request);
-    CHECK(s.code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("token_ids"));
-    CHECK(deliveries == 0);
-  }
-  SECTION("an event that is not JSON stops the relay") {
-    StreamingWorker bad("data: {oops\n\n" R"(data: {"token_ids":[2]})" "\n\n",
-                        R"(data: {"output_token_ids":[2]})" "\n\n", 200, /*wait=*/false);
-    auto transport = HttpWorkerTransport::Create({.decode_urls = {bad.url()}});
-    REQUIRE(transport.ok());
-    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
-    const absl::Status s = (*transport)->RunOnInstance(0, request);
-    CHECK(s.code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("not JSON"));
-    CHECK(deliveries == 0);
-  }
-  SECTION("a plain answer whose output_token_ids are not token ids is worker-unavailable") {
-    StreamingWorker plain(R"({"output_token_ids":[1,-2]})", "", 200, /*wait=*/false);
-    auto transport = HttpWorkerTransport::Create({.decode_urls = {plain.url()}});
-    REQUIRE(transport.ok());
-    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
-    const absl::Status s = (*transport)->RunOnInstance(0, request);
-    CHECK(s.code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("not token ids"));
-    CHECK(deliveries == 0);
-  }
-  SECTION("an answer whose output_token_ids are not token ids is worker-unavailable") {
-    StreamingWorker odd(R"(data: {"token_ids":[1]})" "\n\n",
-                        R"(data: {"output_token_ids":"one"})" "\n\n", 200, /*wait=*/false);
-    auto transport = HttpWorkerTransport::Create({.decode_urls = {odd.url()}});
-    REQUIRE(transport.ok());
-    auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
-    const absl::Status s = (*transport)->RunOnInstance(0, request);
-    CHECK(s.code() == absl::StatusCode::kUnavailable);
-    CHECK_THAT(std::string(s.message()), Catch::Contains("not token ids"));
+  struct Refused {
+    const char* what;
+    std::string head, tail;
+    const char* message;                  // part of the status message
+    std::vector<TokenId> delivered_before;  // what was relayed before the refusal
+  };
+  const std::vector<Refused> refused = {
+      {"events whose tokens are not the answer's", R"(data: {"token_ids":[1]})" "\n\n",
+       R"(data: {"output_token_ids":[2,3]})" "\n\n", "disagree", {1}},
+      {"token ids that are not unsigned integers (nothing after them relayed)",
+       R"(data: {"token_ids":[-1]})" "\n\n" R"(data: {"token_ids":[2]})" "\n\n",
+       R"(data: {"output_token_ids":[2]})" "\n\n", "token_ids", {}},
+      {"an event that is not JSON (nothing after it relayed)",
+       "data: {oops\n\n" R"(data: {"token_ids":[2]})" "\n\n",
+       R"(data: {"output_token_ids":[2]})" "\n\n", "not JSON", {}},
+      {"a plain answer whose output_token_ids are not token ids", R"({"output_token_ids":[1,-2]})",
+       "", "not token ids", {}},
+      {"a streamed answer whose output_token_ids are not token ids",
+       R"(data: {"token_ids":[1]})" "\n\n", R"(data: {"output_token_ids":"one"})" "\n\n",
+       "not token ids", {1}},
+  };
+  for (const Refused& c : refused) {
+    DYNAMIC_SECTION(c.what << ": worker-unavailable") {
+      StreamingWorker worker(c.head, c.tail, 200, /*wait=*/false);
+      auto transport = HttpWorkerTransport::Create({.decode_urls = {worker.url()}});
+      REQUIRE(transport.ok());
+      auto attachment = (*transport)->Attach(9, {{"token_ids", {5}}}, {.on_tokens = collect});
+      const absl::Status s = (*transport)->RunOnInstance(0, request);
+      CHECK(s.code() == absl::StatusCode::kUnavailable);
+      CHECK_THAT(std::string(s.message()), Catch::Contains(c.message));
+      CHECK(delivered == c.delivered_before);
+      CHECK(attachment.response().is_null());
+    }
   }
   SECTION("without a token callback the events' tokens are not checked") {
     StreamingWorker liar(R"(data: {"token_ids":[1]})" "\n\n",
