@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -532,6 +534,14 @@ std::vector<nlohmann::json> ParseEvents(const std::string& written) {
   return events;
 }
 
+// A CompletionEventStream writer that appends to `out` and always succeeds.
+std::function<bool(std::string_view)> AppendTo(std::string& out) {
+  return [&out](std::string_view bytes) {
+    out.append(bytes);
+    return true;
+  };
+}
+
 // Words for ids; Decode puts a space between neighbours, so decoding a
 // batch on its own would lose the space before it.
 class WordTokenizer final : public Tokenizer {
@@ -562,10 +572,7 @@ TEST_CASE("a character split over batches streams whole with a tokenizer that re
   ReplacingByteTokenizer tokenizer;
   std::string written;
   CompletionEventStream stream({.id = "cmpl-9", .chat = false, .model = "m"}, tokenizer,
-                               [&](std::string_view b) {
-                                 written.append(b);
-                                 return true;
-                               });
+                               AppendTo(written));
   const std::vector<TokenId> output = {'a', 0xE2, 0x82, 0xAC, 'b'};  // "a€b"
   for (size_t i = 0; i < output.size(); ++i) stream.Tokens(std::span(output).subspan(i, 1));
   stream.Done(output, nlohmann::json::object(), nlohmann::json::object());
@@ -584,10 +591,7 @@ TEST_CASE("a streamed completion: text chunks as tokens come, whole characters, 
   ByteTokenizer bytes;
   std::string written;
   CompletionEventStream stream({.id = "cmpl-7", .chat = false, .model = "m"}, bytes,
-                               [&](std::string_view b) {
-                                 written.append(b);
-                                 return true;
-                               });
+                               AppendTo(written));
   const std::vector<TokenId> output = {'h', 'i', 0xC3, 0xA9, '!'};  // "hié!"
   stream.Tokens(std::span(output).first(2));
   CHECK(ParseEvents(written).size() == 1);
@@ -672,10 +676,7 @@ TEST_CASE("a chat answer with no tokens still sends the role, then the end", "[e
   ByteTokenizer bytes;
   std::string written;
   CompletionEventStream stream({.id = "chatcmpl-2", .chat = true, .model = "m"}, bytes,
-                               [&](std::string_view b) {
-                                 written.append(b);
-                                 return true;
-                               });
+                               AppendTo(written));
   stream.Done({}, {{"completion_tokens", 0}}, nlohmann::json::object());
   const std::vector<nlohmann::json> events = ParseEvents(written);
   REQUIRE(events.size() == 3);

@@ -127,11 +127,6 @@ class Reply {
             {"completion_tokens", completion_tokens},
             {"total_tokens", turn.tokens.size() + completion_tokens}};
   }
-  // Text the client receives may come from any tokenizer: bytes that are
-  // not UTF-8 are replaced, never thrown on.
-  static std::string Dump(const json& value) {
-    return value.dump(-1, ' ', false, json::error_handler_t::replace);
-  }
 };
 
 // The OpenAI-style JSON answer, in one piece.
@@ -144,7 +139,7 @@ class JsonReply final : public Reply {
   void Fail(int status, const std::string& message, bool retry) override {
     if (retry) res_.set_header("Retry-After", "1");
     res_.status = status;
-    res_.set_content(Dump(json{{"error", {{"message", message}}}}), "application/json");
+    res_.set_content(engine::DumpForClient(json{{"error", {{"message", message}}}}), "application/json");
   }
   void Tokens(std::span<const TokenId>) override {}
   // Nothing can reach the client before the answer.
@@ -166,7 +161,7 @@ class JsonReply final : public Reply {
                 {"choices", json::array({choice})},
                 {"usage", Usage(turn_, output.size())},
                 {"kvc", std::move(kvc)}};
-    res_.set_content(Dump(out), "application/json");
+    res_.set_content(engine::DumpForClient(out), "application/json");
   }
   bool streams() const override { return false; }
 

@@ -69,6 +69,12 @@ inline size_t CompleteUtf8Prefix(std::string_view bytes) {
   return n;
 }
 
+// `value` as JSON text for a client: bytes that are not UTF-8 (a tokenizer
+// may decode any) are replaced, never thrown on.
+inline std::string DumpForClient(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // One token per byte (ids 0..255).
 class ByteTokenizer final : public Tokenizer {
  public:
@@ -211,9 +217,7 @@ class CompletionEventStream {
     Event(Chunk(std::move(choice)));
   }
   void Event(const nlohmann::json& event) {
-    // Bytes that are not UTF-8 are replaced, never thrown on.
-    Raw(absl::StrCat("data: ", event.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                     "\n\n"));
+    Raw(absl::StrCat("data: ", DumpForClient(event), "\n\n"));
   }
   void Raw(std::string_view bytes) {
     if (connected_) connected_ = write_(bytes);

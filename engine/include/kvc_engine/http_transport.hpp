@@ -502,7 +502,8 @@ class HttpWorkerTransport {
     std::string whole;  // the body as received: a plain answer, or an error's text
     nlohmann::json answer;
     std::vector<TokenId> delivered;
-    bool signalled = false, malformed = false;
+    bool signalled = false;
+    std::string malformed;  // why reading stopped at a bad event, with its start
     std::exception_ptr thrown;
     // Runs a callback; false (and `thrown` set) when it throws.
     auto guarded = [&](const auto& call) {
@@ -544,7 +545,7 @@ class HttpWorkerTransport {
       if (data == "[DONE]") return true;
       nlohmann::json event = nlohmann::json::parse(data, nullptr, false);
       if (event.is_discarded()) {
-        malformed = true;
+        malformed = absl::StrCat("an event is not JSON: ", data.substr(0, 80));
         return false;  // stop reading: nothing after it is relayed
       }
       if (!signal()) return false;
@@ -552,7 +553,8 @@ class HttpWorkerTransport {
       if (relay && event.contains("token_ids")) {
         const std::optional<std::vector<TokenId>> tokens = TokenIds(event["token_ids"]);
         if (!tokens.has_value()) {
-          malformed = true;
+          malformed = absl::StrCat("an event's token_ids are not token ids: ",
+                                   event["token_ids"].dump().substr(0, 80));
           return false;
         }
         if (!deliver(*tokens)) return false;
@@ -576,9 +578,7 @@ class HttpWorkerTransport {
       return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ", why));
     };
     // The reading stopped at a bad event (unless the status said more).
-    if (malformed && (!result || result->status == 200)) {
-      return unavailable("an event is not JSON or its token_ids are not token ids");
-    }
+    if (!malformed.empty() && (!result || result->status == 200)) return unavailable(malformed);
     if (absl::Status s = Answered(result, url, path, whole); !s.ok()) return s;
     reader.Finish();
     if (thrown) std::rethrow_exception(thrown);
@@ -592,10 +592,8 @@ class HttpWorkerTransport {
         return plain;
       }
     }
-    if (malformed || answer.is_null()) {
-      return unavailable(malformed ? "an event is not JSON or its token_ids are not token ids"
-                                   : "the stream ended without an answer");
-    }
+    if (!malformed.empty()) return unavailable(malformed);
+    if (answer.is_null()) return unavailable("the stream ended without an answer");
     const std::optional<std::vector<TokenId>> rest = rest_of(answer);
     if (!rest.has_value()) {
       return unavailable(
