@@ -5,8 +5,9 @@
 // binding and high-cache override, the P/D variants, and ear's migration
 // step: its triggers (pending prefill, memory), target choice, cooldown,
 // never mid-request, no ping-pong under steady load; and ear's load control
-// (which first turns wait at the gateway, and its bookkeeping); and that
-// every rule refuses an input count past any pool.
+// (which first turns wait at the gateway, and its bookkeeping); that every
+// rule refuses an input count past any pool; and that no rule places work on
+// a worker that is not routable (an open circuit breaker).
 #include "kvc_router/policy/affinity_policies.hpp"
 
 #include <catch2/catch.hpp>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "kvc_router/detail/splitmix.hpp"
 #include "kvc_router/testing/fake_cluster.hpp"
 #include "test_support.hpp"
@@ -248,6 +250,95 @@ TEST_CASE("affinity policies on P/D: the rule picks D, the least pending prefill
   CHECK(p->prefill == 2);
   CHECK(p->instance == 1);
   CHECK(cluster.asked.empty());  // no admission RPCs
+}
+
+TEST_CASE("every affinity rule avoids instances that are not routable and places their sessions "
+          "anew",
+          "[policy][ear][health]") {
+  const uint64_t seed = GENERATE(take(4, random(uint64_t{1}, uint64_t{1} << 40)));
+  INFO("seed " << seed);
+  kvc_router::detail::SplitMix64 rng(seed);
+  for (AffinityRule rule : {AffinityRule::kLoadOnly, AffinityRule::kLMetric, AffinityRule::kSticky,
+                            AffinityRule::kUnified, AffinityRule::kEar}) {
+    INFO("rule " << AffinityRuleName(rule));
+    FakeCluster cluster(Topology::kColocated, 0, 4, 1 << 20);
+    auto policy = Make(rule, 4);
+    for (WorkerId d = 0; d < 4; ++d) cluster.load(d).running_requests = rng.Next() % 5;
+    GrowingSession s{1};
+    auto first = policy->Place(s.Next(0, 10), cluster);
+    REQUIRE(first.ok());
+    const WorkerId home = first->instance;
+    policy->OnFinished(s.Next(0, 0), *first, cluster);
+    // Its instance stops answering: nothing new lands there, whatever the loads say.
+    cluster.down.assign(4, false);
+    cluster.down[home] = true;
+    cluster.load(home).running_requests = 0;  // its tickets were released
+    cluster.load(home).pending_prefill_tokens = 0;
+    for (SessionId id = 100; id < 160; ++id) {
+      for (WorkerId d = 0; d < 4; ++d) {
+        if (d != home) cluster.load(d).running_requests = 1 + rng.Next() % 5;
+      }
+      GrowingSession other{id};
+      auto p = policy->Place(other.Next(id, 1 + rng.Next() % 20), cluster);
+      REQUIRE(p.ok());
+      CHECK(p->instance != home);
+      if (rule == AffinityRule::kSticky && RendezvousInstance(id, 4) != home) {
+        CHECK(p->instance == RendezvousInstance(id, 4));  // only the down instance's sessions move
+      }
+    }
+    // The session bound there is placed anew (a KV move from an instance
+    // that does not answer is not planned).
+    auto next = policy->Place(s.Next(1, 2), cluster);
+    REQUIRE(next.ok());
+    CHECK(next->instance != home);
+    CHECK(next->migrate_from == kNoWorker);
+    if (rule == AffinityRule::kUnified || rule == AffinityRule::kEar) {
+      CHECK(policy->binding(1) == next->instance);
+      CHECK(policy->EstimatedHitTokens(home, s.chain) == 0);  // not counted on when it returns
+    }
+    policy->OnFinished(s.Next(1, 0), *next, cluster);
+    // With no instance routable nothing is decided and nothing changes.
+    const WorkerId bound = policy->binding(1);
+    const uint64_t live = policy->live_context_tokens();
+    cluster.down.assign(4, true);
+    auto none = policy->Place(s.Next(2, 1), cluster);
+    REQUIRE_FALSE(none.ok());
+    CHECK(none.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(none.status().message(), "none of the 4 instances is routable"));
+    CHECK(policy->binding(1) == bound);
+    CHECK(policy->live_context_tokens() == live);
+    // Back up: sticky's session returns to its rendezvous instance; the
+    // bindings of unified and ear stay where the session went.
+    cluster.down.assign(4, false);
+    auto back = policy->Place(s.Next(3, 1), cluster);
+    REQUIRE(back.ok());
+    if (rule == AffinityRule::kSticky) CHECK(back->instance == home);
+    if (rule == AffinityRule::kUnified || rule == AffinityRule::kEar) {
+      CHECK(back->instance == next->instance);
+    }
+  }
+}
+
+TEST_CASE("affinity policies on P/D: prefill workers that are not routable take nothing",
+          "[policy][ear][health]") {
+  for (AffinityRule rule : {AffinityRule::kLoadOnly, AffinityRule::kEar}) {
+    INFO("rule " << AffinityRuleName(rule));
+    FakeCluster cluster(Topology::kDisaggregated, 3, 2, 1 << 20);
+    auto policy = Make(rule, 2, Topology::kDisaggregated, 3);
+    cluster.prefill(0).pending_prefill_tokens = 10;
+    cluster.prefill(1).pending_prefill_tokens = 0;
+    cluster.prefill(2).pending_prefill_tokens = 50;
+    cluster.prefill_down = {false, true, false};
+    GrowingSession s{7};
+    auto p = policy->Place(s.Next(0, 4), cluster);
+    REQUIRE(p.ok());
+    CHECK(p->prefill == 0);  // 1 is lightest but does not answer
+    cluster.prefill_down = {true, true, true};
+    auto none = policy->Place(s.Next(1, 1), cluster);
+    REQUIRE_FALSE(none.ok());
+    CHECK(none.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(none.status().message(), "none of the 3 prefill workers is routable"));
+  }
 }
 
 TEST_CASE("affinity policies: bad options and a mismatched cluster are refused", "[policy][ear]") {

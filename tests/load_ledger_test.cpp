@@ -2,7 +2,8 @@
 // (pending prefill on the prefill side, a running request on the instance),
 // that each ticket gives it back exactly once whatever path it takes
 // (first token, finish, destructor, move, a second Finish), bad placements
-// and shapes refused without a trace, and ear running on the ledger alone.
+// and shapes refused without a trace, ear running on the ledger alone, and
+// the per-worker circuit breakers a gateway feeds (routable, probes).
 #include "kvc_router/policy/load_ledger.hpp"
 
 #include <catch2/catch.hpp>
@@ -258,6 +259,110 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
   busy.clear();
   CHECK(l.instance_load(0).pending_prefill_tokens == 0);
   CHECK(l.instance_load(0).running_requests == 0);
+}
+
+TEST_CASE("load ledger: an instance that stops answering is not routable until a probe answers",
+          "[policy][ledger][health]") {
+  double now = 0;
+  HealthConfig health;  // 3 failures within 10 s open; 5 s cooldown
+  auto ledger = LoadLedger::Create(Topology::kDisaggregated, 2, 2, [&now] { return now; }, health);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  CHECK(l.routable(0));
+  CHECK(l.routable(1));
+  // Two lost requests are normal under load; failures older than the window are forgotten.
+  l.ReportUnavailable(1);
+  l.ReportUnavailable(1);
+  now = 11;
+  l.ReportUnavailable(1);
+  CHECK(l.routable(1));
+  CHECK(l.instance_breaker(1) == BreakerState::kClosed);
+  l.ReportUnavailable(1);
+  now = 12;
+  l.ReportUnavailable(1);
+  CHECK_FALSE(l.routable(1));
+  CHECK(l.instance_breaker(1) == BreakerState::kOpen);
+  CHECK(l.instance_breaker_openings(1) == 1);
+  CHECK(l.routable(0));  // the others are untouched
+  // After the cooldown one probe may go: the next ticket started there.
+  now = 17;
+  CHECK(l.instance_breaker(1) == BreakerState::kHalfOpen);
+  CHECK(l.routable(1));
+  {
+    absl::StatusOr<LoadLedger::Ticket> probe = l.Start(On(1, 0), 10);
+    REQUIRE(probe.ok());
+    CHECK_FALSE(l.routable(1));  // one probe at a time
+  }
+  l.ReportUnavailable(1);  // the probe failed: open for another cooldown
+  CHECK_FALSE(l.routable(1));
+  CHECK(l.instance_breaker_openings(1) == 2);
+  now = 22;
+  REQUIRE(l.Start(On(1, 0), 10).ok());
+  l.ReportAnswered(1);  // the probe answered: closed
+  CHECK(l.routable(1));
+  CHECK(l.instance_breaker(1) == BreakerState::kClosed);
+  // Prefill workers have their own breakers.
+  for (int i = 0; i < 3; ++i) l.ReportPrefillUnavailable(0);
+  CHECK_FALSE(l.prefill_routable(0));
+  CHECK(l.prefill_routable(1));
+  CHECK(l.routable(0));
+  l.ReportPrefillAnswered(0);
+  CHECK(l.prefill_routable(0));
+}
+
+TEST_CASE("load ledger: health can be off, and bad thresholds are refused", "[policy][ledger][health]") {
+  HealthConfig off;
+  off.enabled = false;
+  auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, nullptr, off);
+  REQUIRE(ledger.ok());
+  for (int i = 0; i < 10; ++i) (*ledger)->ReportUnavailable(0);
+  CHECK((*ledger)->routable(0));
+  HealthConfig bad;
+  bad.failure_threshold = 0;
+  auto refused = LoadLedger::Create(Topology::kColocated, 2, 0, nullptr, bad);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(absl::StrContains(refused.status().message(), "failure_threshold"));
+}
+
+TEST_CASE("load ledger: ear moves a session off an instance that stopped answering",
+          "[policy][ledger][ear][health]") {
+  double now = 0;
+  auto ledger = LoadLedger::Create(Topology::kColocated, 3, 0, [&now] { return now; });
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.instances = 3;
+  options.block_tokens = 16;
+  options.kv_capacity_tokens = 1 << 20;
+  options.session_idle_s = 1e6;
+  auto ear = AffinityPolicy::Create(options);
+  REQUIRE(ear.ok());
+  testing::GrowingSession s{1};
+  PolicyRequest first = s.Next(0, 20);
+  absl::StatusOr<Placement> p = (*ear)->Place(first, l);
+  REQUIRE(p.ok());
+  const WorkerId home = p->instance;
+  // Its turns fail there: the gateway reports each and the ticket gives its load back.
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(l.Start(*p, first.input_tokens).ok());
+    l.ReportUnavailable(home);
+    now += 1;
+  }
+  (*ear)->OnFinished(first, *p, l);
+  CHECK_FALSE(l.routable(home));
+  // The idle instance would win on load; it is not routable, so the session
+  // and new ones go elsewhere.
+  const PolicyRequest next = s.Next(1, 2);
+  p = (*ear)->Place(next, l);
+  REQUIRE(p.ok());
+  CHECK(p->instance != home);
+  CHECK(p->migrate_from == kNoWorker);
+  CHECK((*ear)->binding(1) == p->instance);
+  testing::GrowingSession fresh{2};
+  absl::StatusOr<Placement> q = (*ear)->Place(fresh.Next(2, 3), l);
+  REQUIRE(q.ok());
+  CHECK(q->instance != home);
 }
 
 }  // namespace

@@ -610,6 +610,29 @@ def run_ear(args, start):
           "worker-unavailable" in chunks[0][1]["error"]["message"],
           f"the stopped instance's failure reached the client as an event: {chunks}")
     print("streamed: completion and chat as they decode; a failure as an error event")
+
+    # Two more calls it never answers open its circuit breaker: nothing goes
+    # there while it is open, and the session bound there is placed anew.
+    for attempt in range(2):
+        try:
+            completion(gateway, "doomed", doomed_prompt + filler(81, 2 + attempt, 50))
+            check(False, "a turn on the stopped instance fails")
+        except urllib.error.HTTPError as e:
+            check(e.code == 502, f"a turn on the stopped instance: HTTP {e.code}")
+    poll_metrics(gateway, lambda m: (
+        m[f'kvc_instance_routable{{worker="{home}"}}'] == 0 and
+        m[f'kvc_instance_breaker_openings_total{{worker="{home}"}}'] == 1),
+        "the stopped instance's breaker opened")
+    check(http(gateway + "/debug/index")[1]["instances"][home]["breaker"] == "open",
+          "/debug/index shows the open breaker")
+    other = 1 - home
+    r = completion(gateway, "doomed", doomed_prompt + filler(81, 9, 50))
+    check(r["kvc"]["decode_worker"] == other,
+          f"the session bound to the stopped instance is served by the other: {r['kvc']}")
+    r = completion(gateway, "newcomer", filler(83, 0, 200))
+    check(r["kvc"]["decode_worker"] == other,
+          f"a new session avoids the stopped (idle-looking) instance: {r['kvc']}")
+    print("circuit breaker: a stopped instance is left alone; its session moved on")
     return 0
 
 

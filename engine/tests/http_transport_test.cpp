@@ -422,6 +422,7 @@ TEST_CASE("a streamed turn: plain JSON, a cut stream, a bad event, an error stat
     CHECK(s.code() == absl::StatusCode::kUnavailable);
     CHECK_THAT(std::string(s.message()), Catch::Contains("HTTP 500"));
     CHECK_THAT(std::string(s.message()), Catch::Contains("out of memory"));
+    CHECK_FALSE(HttpWorkerTransport::NoAnswer(s));  // it answered: alive, if unwell
     CHECK(calls == 0);
   }
 }
@@ -432,7 +433,8 @@ TEST_CASE("no answer, a timeout or a bad answer is worker-unavailable", "[engine
   FakeWorker bad_mode(R"({"can_admit": true, "mode": "fallback"})");
   auto transport = HttpWorkerTransport::Create(
       {.decode_urls = {DeadUrl(), slow.url(), garbage.url(), bad_mode.url()},
-       .admit_timeout = std::chrono::milliseconds(200)});
+       .admit_timeout = std::chrono::milliseconds(200),
+       .generate_timeout = std::chrono::milliseconds(200)});
   REQUIRE(transport.ok());
   const AdmitQuery query{.session = 1, .turn = 0, .append_tokens = 10, .input_tokens = 10};
   for (WorkerId d = 0; d < 4; ++d) {
@@ -440,7 +442,14 @@ TEST_CASE("no answer, a timeout or a bad answer is worker-unavailable", "[engine
     auto answer = (*transport)->Admit(d, query);
     CHECK(answer.status().code() == absl::StatusCode::kUnavailable);
     CHECK(test::Message(answer.status()).find("worker-unavailable") != std::string::npos);
+    // What a circuit breaker counts: no connection or a timeout, not a bad answer.
+    CHECK(HttpWorkerTransport::NoAnswer(answer.status()) == (d <= 1));
   }
+  Request request;
+  request.session = 1;
+  CHECK(HttpWorkerTransport::NoAnswer((*transport)->RunOnInstance(0, request)));
+  CHECK_FALSE(HttpWorkerTransport::NoAnswer(absl::UnavailableError("worker-unavailable: x")));
+  CHECK_FALSE(HttpWorkerTransport::NoAnswer(absl::OkStatus()));
   CHECK(HttpWorkerTransport::Create({}).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(HttpWorkerTransport::Create({.decode_urls = {"ftp://x"}}).status().code() ==
         absl::StatusCode::kInvalidArgument);

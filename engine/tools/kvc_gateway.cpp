@@ -17,7 +17,10 @@
 // SGLang's radix cache does. Loads come from a LoadLedger of what this
 // gateway sent; first turns wait in a FIFO queue while ear holds them
 // (load control); a placement that moves a session first asks the target
-// to pull the session's KV from its old instance (/migrate_kv).
+// to pull the session's KV from its old instance (/migrate_kv). An
+// instance that stops answering (3 calls with no answer within 10 s) is
+// left alone for 5 s, then probed with one turn: while its breaker is open
+// no turn goes there and the sessions bound to it are placed anew.
 //   kvc-gateway --port 8000 --policy ear --kv-capacity-tokens 362000
 //       --instance http://127.0.0.1:30001 --instance http://127.0.0.1:30002
 //
@@ -613,6 +616,20 @@ class AffinityGateway final : public GatewayBase {
       absl::StrAppend(&extra, "kvc_pending_prefill_tokens{worker=\"", d, "\"} ",
                       load.pending_prefill_tokens, "\n");
     }
+    extra += "# HELP kvc_instance_routable Whether new turns may go to the instance (0 while its "
+             "circuit breaker is open after it stopped answering).\n";
+    extra += "# TYPE kvc_instance_routable gauge\n";
+    for (WorkerId d = 0; d < ledger_->num_instances(); ++d) {
+      absl::StrAppend(&extra, "kvc_instance_routable{worker=\"", d, "\"} ",
+                      ledger_->routable(d) ? 1 : 0, "\n");
+    }
+    extra += "# HELP kvc_instance_breaker_openings_total Times the instance's circuit breaker "
+             "opened.\n";
+    extra += "# TYPE kvc_instance_breaker_openings_total counter\n";
+    for (WorkerId d = 0; d < ledger_->num_instances(); ++d) {
+      absl::StrAppend(&extra, "kvc_instance_breaker_openings_total{worker=\"", d, "\"} ",
+                      ledger_->instance_breaker_openings(d), "\n");
+    }
     std::lock_guard<std::mutex> lock(policy_mu_);
     extra += "# HELP kvc_session_migrations_total Session KV moves: ok, empty (the source held "
              "nothing or the target kept nothing), error.\n";
@@ -647,7 +664,8 @@ class AffinityGateway final : public GatewayBase {
       const policy::InstanceLoad load = ledger_->instance_load(d);
       instances.push_back({{"running_requests", load.running_requests},
                            {"pending_prefill_tokens", load.pending_prefill_tokens},
-                           {"committed_tokens", policy_->committed_tokens(d)}});
+                           {"committed_tokens", policy_->committed_tokens(d)},
+                           {"breaker", std::string(BreakerStateName(ledger_->instance_breaker(d)))}});
     }
     return json{{"policy", std::string(policy_->name())},
                 {"instances", instances},
@@ -703,10 +721,14 @@ class AffinityGateway final : public GatewayBase {
       }
       queue_cv_.notify_all();  // the next first turn in the queue may go now
     }
-    if (!placement.ok()) {  // the gateway's own configuration is at fault
+    if (!placement.ok()) {
       metrics_.Request(false);
       s.hasher.reset();
-      return reply.Fail(500, std::string(placement.status().message()));
+      // Unavailable: every instance's breaker is open, which passes; else
+      // the gateway's own configuration is at fault.
+      const bool passes = absl::IsUnavailable(placement.status());
+      return reply.Fail(passes ? 503 : 500, std::string(placement.status().message()),
+                        /*retry=*/passes);
     }
     // OnFinished exactly once per placed turn, also when the transport
     // throws (the ticket gives its load back by itself).
@@ -744,6 +766,13 @@ class AffinityGateway final : public GatewayBase {
         {.on_first_token = [&ticket] { ticket->FirstToken(); }, .on_tokens = RelayTo(reply)});
     const absl::Status ran = transport_->RunOnInstance(instance, request.request);
     ticket->Finish();
+    // The instance's circuit breaker: only a call it never answered counts
+    // against it (an HTTP error or a bad answer proves it alive).
+    if (engine::HttpWorkerTransport::NoAnswer(ran)) {
+      ledger_->ReportUnavailable(instance);
+    } else {
+      ledger_->ReportAnswered(instance);
+    }
     if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
       s.served.push_back(instance);
     }

@@ -54,8 +54,11 @@
 // ..."), which Dispatch counts as a `worker-unavailable` rejection; a bad
 // answer (not JSON, unknown mode or reason) is also worker-unavailable. A
 // generate call that fails returns UnavailableError too, so the gateway can
-// report it; the router releases what it took either way. Thread-safe: every
-// call uses its own connection.
+// report it; the router releases what it took either way. `NoAnswer(status)`
+// tells the failures where the worker never answered (connection refused or
+// reset, timeout: what a circuit breaker counts, LoadLedger's among them)
+// from answers that were refused or malformed. Thread-safe: every call uses
+// its own connection.
 //
 //   auto transport = kvc_router::engine::HttpWorkerTransport::Create(
 //       {.decode_urls = {"http://10.0.0.7:30001"}, .prefill_urls = {"http://10.0.0.6:30000"}});
@@ -84,6 +87,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvc_router/concepts.hpp"
@@ -256,6 +260,13 @@ class HttpWorkerTransport {
 
   // The token ids in `value` (an array of unsigned integers that fit a
   // TokenId), or nullopt: how every answer's token arrays are read.
+  // Whether a call failed because the worker never answered: no
+  // connection, a reset or a timeout (a status this transport returned,
+  // marked so), rather than an HTTP error or an answer it could not use.
+  static bool NoAnswer(const absl::Status& status) {
+    return status.GetPayload(kNoAnswerPayload).has_value();
+  }
+
   static std::optional<std::vector<TokenId>> TokenIds(const nlohmann::json& value) {
     if (!value.is_array()) return std::nullopt;
     std::vector<TokenId> ids;
@@ -335,6 +346,9 @@ class HttpWorkerTransport {
   }
 
  private:
+  // The payload that marks a status as NoAnswer (its value: httplib's error).
+  static constexpr const char* kNoAnswerPayload = "kvc_router/worker-no-answer";
+
   explicit HttpWorkerTransport(Options options) : options_(std::move(options)) {}
 
   static absl::Status Unknown(const char* pool, WorkerId worker) {
@@ -396,8 +410,10 @@ class HttpWorkerTransport {
   static absl::Status Answered(const httplib::Result& result, const std::string& url,
                                const char* path, const std::string& body) {
     if (!result) {
-      return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path, ": ",
-                                                 httplib::to_string(result.error())));
+      absl::Status none = absl::UnavailableError(absl::StrCat(
+          "worker-unavailable: POST ", url, path, ": ", httplib::to_string(result.error())));
+      none.SetPayload(kNoAnswerPayload, absl::Cord(httplib::to_string(result.error())));
+      return none;
     }
     if (result->status != 200) {
       return absl::UnavailableError(absl::StrCat("worker-unavailable: POST ", url, path,

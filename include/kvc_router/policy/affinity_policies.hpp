@@ -357,6 +357,9 @@ class AffinityPolicy final : public RoutingPolicy {
           name_, ": input_tokens ", request.input_tokens, " of session ", request.request.session,
           " is above ", kMaxCapacityTokens, " (more than any KV pool)"));
     }
+    // Which workers may take requests now (a gateway's circuit breakers);
+    // with none, nothing is decided and nothing changes.
+    if (absl::Status up = ReadRoutable(cluster); !up.ok()) return up;
     const SessionId session = request.request.session;
     const double now = cluster.now_s();
     if (options_.rule == AffinityRule::kEar) {
@@ -384,7 +387,7 @@ class AffinityPolicy final : public RoutingPolicy {
         ++migrations_;
       } else {
         const WorkerId bound = binding(session);
-        chosen = bound != kNoWorker ? bound : PlaceNewSession(request, cluster);
+        chosen = bound != kNoWorker && up_[bound] ? bound : PlaceNewSession(request, cluster);
       }
     } else {
       chosen = Choose(request, cluster);
@@ -396,6 +399,12 @@ class AffinityPolicy final : public RoutingPolicy {
         uint64_t{overlap_[migrate_from != kNoWorker ? migrate_from : chosen]} *
             options_.block_tokens);
     if (migrate_from != kNoWorker) estimate_.ForgetSession(migrate_from, session);
+    if (const WorkerId bound = binding(session);
+        bound != kNoWorker && bound != chosen && !up_[bound]) {
+      // Placed anew because its instance stopped answering: whatever that
+      // instance held of it is not counted on when it comes back.
+      estimate_.ForgetSession(bound, session);
+    }
     estimate_.Learn(chosen, session, request.input_hashes);
     Bind(session, chosen);
     if (options_.rule == AffinityRule::kEar) {
@@ -516,6 +525,9 @@ class AffinityPolicy final : public RoutingPolicy {
     if (it == bindings_.end()) return std::nullopt;
     const Binding& b = it->second;
     if (b.in_flight > 0 || b.instance >= options_.instances) return std::nullopt;
+    // An instance that does not answer cannot hand its KV over (Place then
+    // places the session anew).
+    if (!cluster.routable(b.instance)) return std::nullopt;
     const double now = cluster.now_s();
     if (now - b.migrated_at_s < options_.migration_cooldown_s) return std::nullopt;
     const InstanceLoad home = cluster.instance_load(b.instance);
@@ -536,7 +548,7 @@ class AffinityPolicy final : public RoutingPolicy {
     WorkerId best = kNoWorker;
     InstanceLoad best_load;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      if (d == b.instance) continue;
+      if (d == b.instance || !cluster.routable(d)) continue;
       if (capacity > 0 && committed_[d] + need > capacity &&
           !(memory_hot && LowersOverflow(b, d, need))) {
         continue;
@@ -602,7 +614,9 @@ class AffinityPolicy final : public RoutingPolicy {
         prefill_estimate_(std::max<uint32_t>(options.prefill_workers, 1),
                           options.kv_capacity_tokens, options.block_tokens),
         prefill_overlap_(std::max<uint32_t>(options.prefill_workers, 1), 0),
-        committed_(options.instances, 0) {}
+        committed_(options.instances, 0),
+        up_(options.instances, 1),
+        prefill_up_(options.prefill_workers, 1) {}
 
   struct Binding {
     WorkerId instance = kNoWorker;
@@ -634,23 +648,29 @@ class AffinityPolicy final : public RoutingPolicy {
     const uint32_t n = options_.instances;
     switch (options_.rule) {
       case AffinityRule::kLoadOnly: {
-        WorkerId best = 0;
-        for (WorkerId d = 1; d < n; ++d) {
-          if (cluster.instance_load(d).running_requests <
-              cluster.instance_load(best).running_requests) {
+        WorkerId best = kNoWorker;
+        uint32_t best_running = 0;
+        for (WorkerId d = 0; d < n; ++d) {
+          if (!up_[d]) continue;
+          const uint32_t running = cluster.instance_load(d).running_requests;
+          if (best == kNoWorker || running < best_running) {
             best = d;
+            best_running = running;
           }
         }
         return best;
       }
       case AffinityRule::kSticky:
-        return RendezvousInstance(request.request.session, n);
+        // The highest weight among the instances that answer: while one is
+        // down only its own sessions move, and they return when it does.
+        return RendezvousInstance(request.request.session, n,
+                                  [this](WorkerId d) { return up_[d] != 0; });
       case AffinityRule::kLMetric:
         return LMetric(request, cluster, /*need_fit=*/false);
       case AffinityRule::kUnified:
       case AffinityRule::kEar: {
         const WorkerId bound = binding(request.request.session);
-        if (bound != kNoWorker) return bound;
+        if (bound != kNoWorker && up_[bound]) return bound;
         if (const WorkerId cached = HighCacheInstance(request, /*need_fit=*/false);
             cached != kNoWorker) {
           return cached;
@@ -675,11 +695,38 @@ class AffinityPolicy final : public RoutingPolicy {
     }
     const WorkerId fit = LeastWork(request, cluster, /*need_fit=*/true);
     if (fit != kNoWorker) return fit;
-    WorkerId roomiest = 0;
-    for (WorkerId d = 1; d < options_.instances; ++d) {
-      if (committed_[d] < committed_[roomiest]) roomiest = d;
+    WorkerId roomiest = kNoWorker;
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      if (up_[d] && (roomiest == kNoWorker || committed_[d] < committed_[roomiest])) roomiest = d;
     }
     return roomiest;
+  }
+
+  // Fills up_ and prefill_up_ from the view; Unavailable, naming the pool,
+  // when a pool the request needs has no worker that answers.
+  absl::Status ReadRoutable(const ClusterView& cluster) {
+    uint32_t instances_up = 0;
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      up_[d] = cluster.routable(d) ? 1 : 0;
+      instances_up += up_[d];
+    }
+    uint32_t prefill_up = 0;
+    for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      prefill_up_[p] = cluster.prefill_routable(p) ? 1 : 0;
+      prefill_up += prefill_up_[p];
+    }
+    if (instances_up == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          name_, ": none of the ", options_.instances,
+          " instances is routable (every circuit breaker is open); retry after the cooldown"));
+    }
+    if (options_.topology == Topology::kDisaggregated && prefill_up == 0) {
+      return absl::UnavailableError(absl::StrCat(
+          name_, ": none of the ", options_.prefill_workers,
+          " prefill workers is routable (every circuit breaker is open); retry after the "
+          "cooldown"));
+    }
+    return absl::OkStatus();
   }
 
   bool Fits(WorkerId d, uint64_t tokens) const {
@@ -693,7 +740,7 @@ class AffinityPolicy final : public RoutingPolicy {
   WorkerId HighCacheInstance(const PolicyRequest& request, bool need_fit) {
     WorkerId best = kNoWorker;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      if (need_fit && !Fits(d, request.input_tokens)) continue;
+      if (!up_[d] || (need_fit && !Fits(d, request.input_tokens))) continue;
       if (best == kNoWorker || overlap_[d] > overlap_[best]) best = d;
     }
     if (best == kNoWorker || request.input_tokens == 0) return kNoWorker;
@@ -719,7 +766,7 @@ class AffinityPolicy final : public RoutingPolicy {
     LMetricScore best_score = 0;
     uint64_t best_prefill = 0;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      if (need_fit && !Fits(d, request.input_tokens)) continue;
+      if (!up_[d] || (need_fit && !Fits(d, request.input_tokens))) continue;
       const InstanceLoad load = cluster.instance_load(d);
       const uint64_t prefill = PrefillWork(request, d, load);
       const LMetricScore score = static_cast<LMetricScore>(prefill) * load.running_requests;
@@ -741,7 +788,7 @@ class AffinityPolicy final : public RoutingPolicy {
     WorkerId best = kNoWorker;
     std::tuple<uint64_t, uint32_t, uint64_t> best_key;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      if (need_fit && !Fits(d, request.input_tokens)) continue;
+      if (!up_[d] || (need_fit && !Fits(d, request.input_tokens))) continue;
       const InstanceLoad load = cluster.instance_load(d);
       const std::tuple<uint64_t, uint32_t, uint64_t> key{PrefillWork(request, d, load),
                                                          load.running_requests, committed_[d]};
@@ -763,15 +810,17 @@ class AffinityPolicy final : public RoutingPolicy {
   WorkerId ChoosePrefillByWork(const PolicyRequest& request, ClusterView& cluster,
                                uint64_t& hit) {
     prefill_estimate_.OverlapOfChain(request.input_hashes, prefill_overlap_);
-    WorkerId best = 0;
+    WorkerId best = kNoWorker;
     uint64_t best_work = 0;
     uint32_t best_running = 0;
     for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      if (!prefill_up_[p]) continue;
       const InstanceLoad load = cluster.prefill_load(p);
       const uint64_t hit = std::min<uint64_t>(
           request.input_tokens, uint64_t{prefill_overlap_[p]} * options_.block_tokens);
       const uint64_t work = load.pending_prefill_tokens + (request.input_tokens - hit);
-      if (p == 0 || work < best_work || (work == best_work && load.running_requests < best_running)) {
+      if (best == kNoWorker || work < best_work ||
+          (work == best_work && load.running_requests < best_running)) {
         best = p;
         best_work = work;
         best_running = load.running_requests;
@@ -784,11 +833,12 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
   WorkerId ChoosePrefill(ClusterView& cluster) const {
-    WorkerId best = 0;
-    InstanceLoad best_load = cluster.prefill_load(0);
-    for (WorkerId p = 1; p < options_.prefill_workers; ++p) {
+    WorkerId best = kNoWorker;
+    InstanceLoad best_load;
+    for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      if (!prefill_up_[p]) continue;
       const InstanceLoad load = cluster.prefill_load(p);
-      if (load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
+      if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
           (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
            load.running_requests < best_load.running_requests)) {
         best = p;
@@ -896,6 +946,10 @@ class AffinityPolicy final : public RoutingPolicy {
   uint64_t clock_ = 0;
   // ear: live context tokens bound to each instance; activity in time order.
   std::vector<uint64_t> committed_;
+  // Whether each instance and prefill worker was routable when Place began
+  // (ClusterView::routable); read by the rule helpers.
+  std::vector<uint8_t> up_;
+  std::vector<uint8_t> prefill_up_;
   // ear: their sum, the sessions counted in it, and the turns placed for
   // sessions without and with a binding (fading, see return_rate()).
   uint64_t live_tokens_ = 0;

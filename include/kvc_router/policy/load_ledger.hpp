@@ -18,6 +18,16 @@
 // placement's estimate proves wrong (a KV move it counted on failed).
 // These policies make no admission RPC; `Admit` says so.
 //
+// Health: the ledger keeps a circuit breaker per instance and per prefill
+// worker (health.hpp's, same thresholds and states), fed by the caller with
+// `ReportAnswered` / `ReportUnavailable` for each request it sent. A worker
+// whose requests got no answer `failure_threshold` times within the window
+// is not `routable()` for a cooldown, then takes one probe request (the next
+// ticket started there); an answer closes its breaker. The EAR family
+// places nothing on a worker that is not routable and places a session
+// bound there anew, so a dead instance neither keeps its sessions failing
+// nor, looking idle once its tickets are released, draws new ones.
+//
 // The ledger is thread-safe: many gateway threads may start and finish
 // requests and read loads at once. A ticket has one owner (hand it to the
 // thread that sees the first token and the end, or guard it). The policies
@@ -28,6 +38,7 @@
 //   absl::StatusOr<Placement> where = ear->Place(request, **ledger);
 //   auto ticket = (*ledger)->Start(*where, request.input_tokens - where->estimated_hit_tokens);
 //   ... send; on the first streamed token: ticket->FirstToken(); at the end: ticket->Finish();
+//   (*ledger)->ReportAnswered(where->instance);   // or ReportUnavailable when it never answered
 #pragma once
 
 #include <chrono>
@@ -43,6 +54,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvc_router/config.hpp"
+#include "kvc_router/health.hpp"
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_router/types.hpp"
 
@@ -55,9 +67,12 @@ class LoadLedger final : public ClusterView {
 
   // `instances`: colocated instances or decode workers; `prefill_workers`:
   // 0 on the colocated topology, at least 1 on the disaggregated one.
+  // `health`: the circuit breakers' thresholds (enabled = false: every
+  // worker is always routable).
   static absl::StatusOr<std::unique_ptr<LoadLedger>> Create(Topology topology, uint32_t instances,
                                                             uint32_t prefill_workers,
-                                                            Clock clock = nullptr) {
+                                                            Clock clock = nullptr,
+                                                            const HealthConfig& health = {}) {
     if (!IsKnownTopology(topology)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger: topology ", static_cast<int>(topology), " is not a Topology"));
@@ -75,6 +90,9 @@ class LoadLedger final : public ClusterView {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger: the colocated topology has no prefill workers, got ", prefill_workers));
     }
+    if (absl::Status valid = health.Validate(); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadLedger: ", valid.message()));
+    }
     if (clock == nullptr) {
       const auto start = std::chrono::steady_clock::now();
       clock = [start] {
@@ -82,7 +100,7 @@ class LoadLedger final : public ClusterView {
       };
     }
     return std::unique_ptr<LoadLedger>(
-        new LoadLedger(topology, instances, prefill_workers, std::move(clock)));
+        new LoadLedger(topology, instances, prefill_workers, std::move(clock), health));
   }
 
   // One placed request's share of the load; move-only, gives it back once.
@@ -175,6 +193,7 @@ class LoadLedger final : public ClusterView {
           "LoadLedger::Start: placement prefill worker ", placement.prefill, " is not one of the ",
           num_prefill_workers_, " prefill workers"));
     }
+    const absl::Time now = AsTime(clock_());
     Ticket ticket;
     ticket.ledger_ = this;
     ticket.instance_ = placement.instance;
@@ -183,6 +202,9 @@ class LoadLedger final : public ClusterView {
     ticket.prefill_tokens_ = prefill_tokens;
     ticket.prefill_open_ = true;
     absl::MutexLock lock(&mu_);
+    // A half-open breaker's probe is the request started there.
+    instance_health_.OnSend(placement.instance, now);
+    if (on_worker) prefill_health_.OnSend(placement.prefill, now);
     InstanceLoad& instance = instances_[placement.instance];
     ++instance.running_requests;
     InstanceLoad& prefiller = on_worker ? prefill_[placement.prefill] : instance;
@@ -206,6 +228,48 @@ class LoadLedger final : public ClusterView {
     return prefill_[prefill];
   }
   double now_s() const override { return clock_(); }
+  bool routable(WorkerId instance) const override {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    return instance_health_.Routable(instance, now);
+  }
+  bool prefill_routable(WorkerId prefill) const override {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    return prefill_health_.Routable(prefill, now);
+  }
+
+  // What became of a request sent to `instance`: it answered (whatever the
+  // answer said), or it never did (connection refused, timeout).
+  void ReportAnswered(WorkerId instance) {
+    absl::MutexLock lock(&mu_);
+    instance_health_.OnAnswer(instance);
+  }
+  void ReportUnavailable(WorkerId instance) {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    instance_health_.OnFailure(instance, now);
+  }
+  // The same for prefill worker `prefill` (disaggregated topology).
+  void ReportPrefillAnswered(WorkerId prefill) {
+    absl::MutexLock lock(&mu_);
+    prefill_health_.OnAnswer(prefill);
+  }
+  void ReportPrefillUnavailable(WorkerId prefill) {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    prefill_health_.OnFailure(prefill, now);
+  }
+  // The breaker of `instance` now, and how often it opened (for metrics).
+  BreakerState instance_breaker(WorkerId instance) const {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    return instance_health_.state(instance, now);
+  }
+  uint64_t instance_breaker_openings(WorkerId instance) const {
+    absl::MutexLock lock(&mu_);
+    return instance_health_.times_opened(instance);
+  }
   absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
     (void)query;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -214,13 +278,19 @@ class LoadLedger final : public ClusterView {
   }
 
  private:
-  LoadLedger(Topology topology, uint32_t instances, uint32_t prefill_workers, Clock clock)
+  LoadLedger(Topology topology, uint32_t instances, uint32_t prefill_workers, Clock clock,
+             const HealthConfig& health)
       : topology_(topology),
         num_instances_(instances),
         num_prefill_workers_(prefill_workers),
         clock_(std::move(clock)),
         instances_(instances),
-        prefill_(prefill_workers) {}
+        prefill_(prefill_workers),
+        instance_health_(health, instances),
+        prefill_health_(health, prefill_workers) {}
+
+  // The breakers count in absl::Time; the ledger's clock in seconds.
+  static absl::Time AsTime(double seconds) { return absl::UnixEpoch() + absl::Seconds(seconds); }
 
   void ReleasePrefill(WorkerId on, bool is_worker, uint64_t tokens) {
     absl::MutexLock lock(&mu_);
@@ -245,6 +315,8 @@ class LoadLedger final : public ClusterView {
   mutable absl::Mutex mu_;
   std::vector<InstanceLoad> instances_ ABSL_GUARDED_BY(mu_);
   std::vector<InstanceLoad> prefill_ ABSL_GUARDED_BY(mu_);
+  WorkerHealth instance_health_ ABSL_GUARDED_BY(mu_);
+  WorkerHealth prefill_health_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc_router::policy

@@ -132,6 +132,19 @@ class ClusterView {
   // Algorithm 2 on `instance`, as the admission RPC. An admitted answer
   // books the session there. A non-OK status means the RPC got no answer.
   virtual absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) = 0;
+  // Whether requests may go to `instance` (or prefill worker `prefill`) now:
+  // false while a gateway's circuit breaker holds it open after it stopped
+  // answering (LoadLedger keeps one per worker). The EAR family places
+  // nothing there, and a session bound there is placed anew; KVC keeps its
+  // own breakers in RoutingState. A view without health says yes.
+  virtual bool routable(WorkerId instance) const {
+    (void)instance;
+    return true;
+  }
+  virtual bool prefill_routable(WorkerId prefill) const {
+    (void)prefill;
+    return true;
+  }
 };
 
 // A request as a policy sees it.

@@ -25,17 +25,26 @@ inline uint64_t RendezvousWeight(SessionId session, WorkerId worker) {
 }
 
 // The instance rendezvous hashing gives `session` among `instances`.
-inline WorkerId RendezvousInstance(SessionId session, uint32_t instances) {
-  WorkerId best = 0;
+// The instance of highest weight among those `eligible` accepts, or
+// kNoWorker when it accepts none. Leaving one instance out moves only the
+// sessions whose highest weight it had.
+template <typename Eligible>
+WorkerId RendezvousInstance(SessionId session, uint32_t instances, Eligible eligible) {
+  WorkerId best = kNoWorker;
   uint64_t best_weight = 0;
   for (WorkerId d = 0; d < instances; ++d) {
+    if (!eligible(d)) continue;
     const uint64_t w = RendezvousWeight(session, d);
-    if (d == 0 || w > best_weight) {
+    if (best == kNoWorker || w > best_weight) {
       best = d;
       best_weight = w;
     }
   }
   return best;
+}
+
+inline WorkerId RendezvousInstance(SessionId session, uint32_t instances) {
+  return RendezvousInstance(session, instances, [](WorkerId) { return true; });
 }
 
 }  // namespace kvc_router::policy

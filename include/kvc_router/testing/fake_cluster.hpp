@@ -6,6 +6,8 @@
 //  * `FakeCluster` is a ClusterView whose loads a test sets by hand, whose
 //    clock it moves, and whose decode workers are real AdmissionControllers
 //    answering the admission RPC; it records which workers were asked.
+//    `down` and `prefill_down` mark workers not routable (as a gateway's
+//    open circuit breaker would).
 //  * `GrowingSession` builds the PolicyRequests of one session turn by turn:
 //    each turn appends new blocks to the session's chain.
 //
@@ -54,6 +56,10 @@ class FakeCluster final : public policy::ClusterView {
     return p < prefill_loads_.size() ? prefill_loads_[p] : policy::InstanceLoad{};
   }
   double now_s() const override { return now; }
+  bool routable(WorkerId d) const override { return d >= down.size() || !down[d]; }
+  bool prefill_routable(WorkerId p) const override {
+    return p >= prefill_down.size() || !prefill_down[p];
+  }
   absl::StatusOr<AdmitResult> Admit(WorkerId d, const AdmitQuery& query) override {
     asked.push_back(d);
     if (d >= workers_.size()) return absl::NotFoundError("no such worker");
@@ -65,6 +71,9 @@ class FakeCluster final : public policy::ClusterView {
   AdmissionController& worker(WorkerId d) { return workers_[d]; }
 
   double now = 0;
+  // Instances (prefill workers) set true here are not routable.
+  std::vector<bool> down;
+  std::vector<bool> prefill_down;
   // Workers asked by Admit, in order.
   std::vector<WorkerId> asked;
 
