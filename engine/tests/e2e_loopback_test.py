@@ -258,6 +258,42 @@ def run_kvc(args, start):
           chunks[1][1]["kvc"]["policy"] == "kvc",
           f"a plain answer is relayed as one text chunk and the last one: {chunks}")
     print("streamed: the decode worker's plain answer as one chunk")
+
+    # --- what coding agents send: text parts, tools, tool calls and results --
+    tools = [{"type": "function", "function": {"name": "read_file",
+                                               "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": [{"type": "text", "text": filler(91, 0, 300)}]},
+                {"role": "user", "content": "fix the failing test"}]
+    headers = {"X-Session-Id": "agent"}
+    _, first = http(gateway + "/v1/chat/completions",
+                    {"messages": messages, "tools": tools, "max_completion_tokens": 8}, headers)
+    answer = first["choices"][0]["message"]["content"]
+    check(first["usage"]["completion_tokens"] == 8 and first["kvc"]["turn"] == 0,
+          f"max_completion_tokens is the limit: {first['usage']}")
+    messages += [{"role": "assistant", "content": answer,
+                  "tool_calls": [{"id": "c1", "type": "function",
+                                  "function": {"name": "read_file", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": filler(91, 1, 120)}]
+    _, second = http(gateway + "/v1/chat/completions",
+                     {"messages": messages, "tools": tools, "max_tokens": 8}, headers)
+    check(second["kvc"]["turn"] == 1 and second["kvc"]["mode"] == "direct",
+          f"the tool call and its result continue the session: {second['kvc']}")
+    _, by_ids = http(gateway + "/v1/completions",
+                     {"prompt": [list(filler(92, 0, 100).encode())], "max_tokens": 4},
+                     {"X-Session-Id": "ids"})
+    check(by_ids["usage"]["prompt_tokens"] == 100, f"a token-id prompt: {by_ids['usage']}")
+    for body, names in (({"prompt": ["a", "b"]}, "2 prompts"),
+                        ({"prompt": [1, "x"]}, "token ids"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                         "only \"text\" parts")):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        try:
+            http(gateway + path, body)
+            check(False, f"{body} is refused")
+        except urllib.error.HTTPError as e:
+            message = json.loads(e.read().decode())["error"]["message"]
+            check(e.code == 400 and names in message, f"{body}: HTTP {e.code} {message}")
+    print("agents' chat: text parts, tools, a tool call and its result continue the session")
     return 0
 
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kvc_engine/gateway_support.hpp"
 #include "kvc_router/dispatch.hpp"
@@ -599,8 +600,8 @@ TEST_CASE("a streamed completion: text chunks as tokens come, whole characters, 
           "[engine][gateway]") {
   ByteTokenizer bytes;
   std::string written;
-  CompletionEventStream stream({.id = "cmpl-7", .chat = false, .model = "m"}, bytes,
-                               AppendTo(written));
+  CompletionEventStream stream({.id = "cmpl-7", .chat = false, .model = "m", .max_tokens = 8},
+                               bytes, AppendTo(written));
   const std::vector<TokenId> output = {'h', 'i', 0xC3, 0xA9, '!'};  // "hié!"
   stream.Tokens(std::span(output).first(2));
   CHECK(ParseEvents(written).size() == 1);
@@ -619,7 +620,7 @@ TEST_CASE("a streamed completion: text chunks as tokens come, whole characters, 
     CHECK(events[i]["id"] == "cmpl-7");
     CHECK(events[i]["choices"][0]["finish_reason"].is_null());
   }
-  CHECK(events[3]["choices"][0]["finish_reason"] == "length");
+  CHECK(events[3]["choices"][0]["finish_reason"] == "stop");  // 5 of 8 tokens: it ended
   CHECK(events[3]["choices"][0]["text"] == "");
   CHECK(events[3]["usage"]["completion_tokens"] == 5);
   CHECK(events[3]["kvc"]["mode"] == "direct");
@@ -692,6 +693,7 @@ TEST_CASE("a chat answer with no tokens still sends the role, then the end", "[e
   CHECK(events[0]["choices"][0]["delta"] ==
         nlohmann::json{{"role", "assistant"}, {"content", ""}});
   CHECK(events[1]["choices"][0]["delta"] == nlohmann::json::object());
+  CHECK(events[1]["choices"][0]["finish_reason"] == "length");  // no max_tokens given: "length"
   CHECK(events[2] == "[DONE]");
 }
 
@@ -710,6 +712,57 @@ TEST_CASE("the byte tokenizer and chat template keep prefixes stable", "[engine]
   CHECK(second->rfind(*first + "yo", 0) == 0);  // prompt + answer is a prefix of the next prompt
   CHECK_FALSE(RenderChat(nlohmann::json::array()).ok());
   CHECK_FALSE(RenderChat(nlohmann::json{{{"role", 1}}}).ok());
+}
+
+TEST_CASE("the chat template takes what agents send: text parts, tool calls, tool results, tools",
+          "[engine][gateway]") {
+  const nlohmann::json tools = nlohmann::json::parse(
+      R"([{"type":"function","function":{"name":"read_file","parameters":{"type":"object"}}}])");
+  nlohmann::json messages = nlohmann::json::parse(R"([
+    {"role": "system", "content": [{"type": "text", "text": "You edit "}, {"type": "text", "text": "code."}]},
+    {"role": "user", "content": "fix the bug"}])");
+  auto first = RenderChat(messages, tools);
+  REQUIRE(first.ok());
+  CHECK(*first == "<|tools|>" + tools.dump() + "\n<|system|>You edit code.\n<|user|>fix the bug\n"
+                  "<|assistant|>");
+  // The same tools written in another key order render the same text.
+  const nlohmann::json reordered = nlohmann::json::parse(
+      R"([{"function":{"parameters":{"type":"object"},"name":"read_file"},"type":"function"}])");
+  CHECK(*RenderChat(messages, reordered) == *first);
+  // An answer that called a tool (content null), the tool's result, the next ask.
+  messages.push_back(nlohmann::json::parse(R"({"role": "assistant", "content": null,
+      "tool_calls": [{"id": "c1", "type": "function",
+                      "function": {"name": "read_file", "arguments": "{\"path\":\"a.c\"}"}}]})"));
+  messages.push_back({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "int main;"}});
+  auto second = RenderChat(messages, tools);
+  REQUIRE(second.ok());
+  CHECK(second->rfind(*first, 0) == 0);  // the earlier prompt is a prefix
+  CHECK(second->find("<|tool_calls|>[{\"function\"") != std::string::npos);
+  CHECK(absl::EndsWith(*second, "<|tool|>int main;\n<|assistant|>"));
+  // What it cannot render is refused, naming the message and part.
+  struct Bad {
+    const char* messages;
+    const char* names;
+  };
+  for (const Bad& bad : {
+           Bad{R"([{"role": "user", "content": 5}])", "messages[0].content must be"},
+           Bad{R"([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])",
+               "messages[0].content[0]: only \"text\" parts"},
+           Bad{R"([{"role": "user", "content": [{"text": "x"}]}])", "content[0] needs a string \"type\""},
+           Bad{R"([{"role": "user", "content": [{"type": "text"}]}])", "content[0] needs a string \"text\""},
+           Bad{R"([{"role": "assistant", "content": "", "tool_calls": {}}])", "tool_calls must be an array"},
+       }) {
+    INFO(bad.messages);
+    auto refused = RenderChat(nlohmann::json::parse(bad.messages));
+    REQUIRE_FALSE(refused.ok());
+    CHECK_THAT(std::string(refused.status().message()), Catch::Contains(bad.names));
+  }
+  auto bad_tools = RenderChat(nlohmann::json::parse(R"([{"role": "user", "content": "x"}])"),
+                              nlohmann::json::object());
+  REQUIRE_FALSE(bad_tools.ok());
+  CHECK_THAT(std::string(bad_tools.status().message()), Catch::Contains("\"tools\" must be an array"));
+  CHECK(std::string(FinishReason(3, 4)) == "stop");
+  CHECK(std::string(FinishReason(4, 4)) == "length");
 }
 
 }  // namespace

@@ -149,7 +149,7 @@ class JsonReply final : public Reply {
   bool StillWaiting() override { return true; }
   void Done(const std::vector<TokenId>& output, json kvc) override {
     const std::string completion = tokenizer_.Decode(output);
-    json choice = {{"index", 0}, {"finish_reason", "length"}};
+    json choice = {{"index", 0}, {"finish_reason", engine::FinishReason(output.size(), turn_.max_tokens)}};
     if (turn_.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", completion}};
     } else {
@@ -183,7 +183,9 @@ class StreamReply final : public Reply {
   StreamReply(const Turn& turn, std::string id, const engine::Tokenizer& tokenizer,
               httplib::DataSink& sink)
       : turn_(turn),
-        events_({.id = std::move(id), .chat = turn.chat, .model = turn.model}, tokenizer,
+        events_({.id = std::move(id), .chat = turn.chat, .model = turn.model,
+                 .max_tokens = turn.max_tokens},
+                tokenizer,
                 [&sink](std::string_view bytes) { return sink.write(bytes.data(), bytes.size()); }) {}
 
   void Fail(int status, const std::string& message, bool retry) override {
@@ -379,24 +381,46 @@ class GatewayBase {
     Turn turn;
     turn.chat = chat;
     std::string text;
+    std::optional<std::vector<TokenId>> prompt_ids;  // a prompt given as token ids
     if (chat) {
-      absl::StatusOr<std::string> rendered = engine::RenderChat(body.value("messages", json()));
+      absl::StatusOr<std::string> rendered =
+          engine::RenderChat(body.value("messages", json()), body.value("tools", json()));
       if (!rendered.ok()) return rendered.status();
       text = *rendered;
     } else {
-      const json prompt = body.value("prompt", json());
+      // OpenAI's forms: a string, an array of one string, token ids, or an
+      // array of one array of token ids. A batch is one turn per prompt,
+      // which a session cannot be.
+      json prompt = body.value("prompt", json());
+      if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) {
+        prompt = json(prompt[0]);
+      }
       if (prompt.is_string()) {
         text = prompt.get<std::string>();
-      } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_string()) {
-        text = prompt[0].get<std::string>();
+      } else if (prompt.is_array() && prompt.size() > 1 &&
+                 (prompt[0].is_string() || prompt[0].is_array())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"prompt\" holds ", prompt.size(),
+            " prompts; send one per request (each is a turn of its own session)"));
+      } else if (prompt.is_array() && !prompt.empty()) {
+        prompt_ids = engine::HttpWorkerTransport::TokenIds(prompt);
+        if (!prompt_ids.has_value()) {
+          return absl::InvalidArgumentError(
+              "\"prompt\" as token ids must hold only integers in 0..4294967295");
+        }
       } else {
-        return absl::InvalidArgumentError("\"prompt\" must be a string");
+        return absl::InvalidArgumentError(
+            "\"prompt\" must be a string, an array of one string, or token ids");
       }
     }
-    const json max_tokens_json = body.value("max_tokens", json(default_max_tokens_));
+    // Chat clients now send max_completion_tokens (OpenAI's newer name); it wins.
+    const char* limit_field =
+        chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const json max_tokens_json = body.value(limit_field, json(default_max_tokens_));
     if (!max_tokens_json.is_number_unsigned() || max_tokens_json.get<uint64_t>() == 0 ||
         max_tokens_json.get<uint64_t>() > 65536) {
-      return absl::InvalidArgumentError("\"max_tokens\" must be in 1..65536");
+      return absl::InvalidArgumentError(absl::StrCat("\"", limit_field, "\" must be in 1..65536, got ",
+                                                     max_tokens_json.dump()));
     }
     turn.max_tokens = max_tokens_json.get<uint32_t>();
     if (body.contains("stream") && !body["stream"].is_boolean() && !body["stream"].is_null()) {
@@ -423,7 +447,7 @@ class GatewayBase {
       turn.session_key = absl::StrCat("anonymous-", next_anonymous_++);
     }
     turn.session = XXH3_64bits_withSeed(turn.session_key.data(), turn.session_key.size(), 0);
-    turn.tokens = tokenizer_->Encode(text);
+    turn.tokens = prompt_ids.has_value() ? *std::move(prompt_ids) : tokenizer_->Encode(text);
     return turn;
   }
 

@@ -9,9 +9,11 @@
 //    (e.g. over the Hugging Face `tokenizers` C bindings or SentencePiece)
 //    - the router only requires that the gateway and the engines cut the
 //    same text into the same ids.
-//  * `RenderChat`: a deterministic chat template over OpenAI `messages`, so
-//    turn t+1's prompt starts with turn t's prompt plus its answer (what
+//  * `RenderChat`: a deterministic chat template over OpenAI `messages` (and
+//    `tools`: text parts, tool calls and tool results as agents send them),
+//    so turn t+1's prompt starts with turn t's prompt plus its answer (what
 //    makes the prefix reusable). Real deployments use the model's template.
+//    `FinishReason`: "stop" or "length" for an answer.
 //  * `CompletionEventStream`: a completion relayed to a "stream": true client
 //    in OpenAI's server-sent-event format as the tokens come;
 //    `CompleteUtf8Prefix`: how much of its decoded bytes can go out now, when
@@ -92,11 +94,18 @@ class ByteTokenizer final : public Tokenizer {
   }
 };
 
+// OpenAI's finish_reason for an answer of `output_tokens` under a limit of
+// `max_tokens`: "length" when it used them all, else "stop" (it ended on
+// its own).
+inline const char* FinishReason(size_t output_tokens, uint32_t max_tokens) {
+  return output_tokens >= max_tokens ? "length" : "stop";
+}
+
 // One completion answered as OpenAI's server-sent events ("stream": true),
 // written through `write` as the tokens come:
 //   data: {"id", "object", "model", "choices": [{"index": 0, "text" | "delta", "finish_reason": null}]}
 //   ... one chunk per batch of tokens that completes at least one character
-//   data: {... "finish_reason": "length"}], "usage", plus the fields of `extra`}
+//   data: {... "finish_reason": "stop" | "length"}], "usage", plus the fields of `extra`}
 //   data: [DONE]
 // `object` is "text_completion" (completions) or "chat.completion.chunk"
 // (chat, whose first delta carries "role": "assistant"). A failure is
@@ -119,6 +128,9 @@ class CompletionEventStream {
     std::string id;     // "cmpl-..." or "chatcmpl-..."
     bool chat = false;  // chat.completion.chunk with deltas, else text_completion
     std::string model;
+    // The request's max_tokens: a shorter answer finished with "stop"
+    // (FinishReason); 0 reports "length" always.
+    uint32_t max_tokens = 0;
   };
 
   CompletionEventStream(Shape shape, const Tokenizer& tokenizer,
@@ -141,7 +153,8 @@ class CompletionEventStream {
     if (relayed_ < output.size()) Tokens(output.subspan(relayed_));
     SendDecoded(/*at_end=*/true);
     if (!sent_text_) Text(std::string());
-    nlohmann::json end = {{"index", 0}, {"finish_reason", "length"}};
+    nlohmann::json end = {{"index", 0},
+                          {"finish_reason", FinishReason(output.size(), shape_.max_tokens)}};
     if (shape_.chat) {
       end["delta"] = nlohmann::json::object();
     } else {
@@ -236,23 +249,79 @@ class CompletionEventStream {
 };
 
 
-// "<|role|>content\n" per message, then "<|assistant|>" to prompt the
-// answer. An assistant message renders as the answer it was plus "\n", so a
-// conversation's next prompt extends the previous prompt and answer.
-inline absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages) {
+// The text of a message's "content" as chat clients send it: a string,
+// null or absent (an assistant message that only calls tools), or an array
+// of parts of which only {"type": "text", "text": ...} carry text here.
+inline absl::StatusOr<std::string> ChatContentText(const nlohmann::json& message, size_t index) {
+  const auto it = message.find("content");
+  if (it == message.end() || it->is_null()) return std::string();
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "messages[", index, "].content must be a string, null or an array of parts, got ",
+        it->type_name()));
+  }
+  std::string text;
+  for (size_t j = 0; j < it->size(); ++j) {
+    const nlohmann::json& part = (*it)[j];
+    const auto type = part.is_object() ? part.find("type") : part.end();
+    if (type == part.end() || !type->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", index, "].content[", j, "] needs a string \"type\""));
+    }
+    if (*type != "text") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", index, "].content[", j, "]: only \"text\" parts are supported, got \"",
+          type->get<std::string>(), "\""));
+    }
+    const auto part_text = part.find("text");
+    if (part_text == part.end() || !part_text->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", index, "].content[", j, "] needs a string \"text\""));
+    }
+    text += part_text->get<std::string>();
+  }
+  return text;
+}
+
+// A deterministic chat template: the request's "tools" (if any) as
+// "<|tools|>" + their JSON + "\n", then "<|role|>content\n" per message (an
+// assistant message's "tool_calls" follow its content as "<|tool_calls|>" +
+// their JSON; a tool result is "<|tool|>" + its content), then
+// "<|assistant|>" to prompt the answer. An assistant message renders as the
+// answer it was plus "\n", so a conversation's next prompt extends the
+// previous prompt and answer, tool definitions included, which is what
+// coding agents' long shared prefixes need. JSON is dumped with sorted keys,
+// so the same tools give the same text whatever order the client wrote.
+inline absl::StatusOr<std::string> RenderChat(const nlohmann::json& messages,
+                                              const nlohmann::json& tools = nullptr) {
   if (!messages.is_array() || messages.empty()) {
     return absl::InvalidArgumentError("\"messages\" must be a non-empty array");
   }
   std::string out;
+  if (!tools.is_null()) {
+    if (!tools.is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"tools\" must be an array, got ", tools.type_name()));
+    }
+    if (!tools.empty()) absl::StrAppend(&out, "<|tools|>", tools.dump(), "\n");
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const nlohmann::json& m = messages[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
-        !m.contains("content") || !m["content"].is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("messages[", i, "] needs string \"role\" and \"content\""));
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "] needs a string \"role\""));
     }
-    absl::StrAppend(&out, "<|", m["role"].get<std::string>(), "|>",
-                    m["content"].get<std::string>(), "\n");
+    absl::StatusOr<std::string> content = ChatContentText(m, i);
+    if (!content.ok()) return content.status();
+    absl::StrAppend(&out, "<|", m["role"].get<std::string>(), "|>", *content);
+    if (const auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (!calls->is_array()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "messages[", i, "].tool_calls must be an array, got ", calls->type_name()));
+      }
+      absl::StrAppend(&out, "<|tool_calls|>", calls->dump());
+    }
+    out += "\n";
   }
   // The answer follows the assistant tag directly; RenderChat of the next
   // turn renders it as "<|assistant|>" + answer + "\n".

@@ -258,8 +258,6 @@ class HttpWorkerTransport {
     return Attachment(this, session, std::move(slot));
   }
 
-  // The token ids in `value` (an array of unsigned integers that fit a
-  // TokenId), or nullopt: how every answer's token arrays are read.
   // Whether a call failed because the worker never answered: no
   // connection, a reset or a timeout (a status this transport returned,
   // marked so), rather than an HTTP error or an answer it could not use.
@@ -267,6 +265,8 @@ class HttpWorkerTransport {
     return status.GetPayload(kNoAnswerPayload).has_value();
   }
 
+  // The token ids in `value` (an array of unsigned integers that fit a
+  // TokenId), or nullopt: how every answer's token arrays are read.
   static std::optional<std::vector<TokenId>> TokenIds(const nlohmann::json& value) {
     if (!value.is_array()) return std::nullopt;
     std::vector<TokenId> ids;
