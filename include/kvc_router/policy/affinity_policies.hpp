@@ -43,6 +43,12 @@
 // once. Loads are what ClusterView reports (a gateway scrapes them from its
 // workers).
 //
+// Health: a worker the view says is not routable (ClusterView::routable: a
+// gateway's open circuit breaker, LoadLedger's) gets nothing; a session
+// bound to such an instance is placed as if new (its KV cannot be moved
+// off an instance that does not answer), and with no routable worker Place
+// returns Unavailable and changes nothing.
+//
 // Every decision is deterministic: ties go to the lowest id, and sticky's
 // weights come from a fixed-seed hash.
 //
