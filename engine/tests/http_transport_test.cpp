@@ -765,5 +765,63 @@ TEST_CASE("the chat template takes what agents send: text parts, tool calls, too
   CHECK(std::string(FinishReason(4, 4)) == "length");
 }
 
+struct FakeConversation {
+  absl::Mutex mu;
+  bool closed = false;
+};
+
+TEST_CASE("conversations are forgotten when idle past the TTL or beyond the bound, never in use",
+          "[engine][gateway]") {
+  double now = 0;
+  ConversationTable<FakeConversation> table({.max_sessions = 10, .ttl_s = 100},
+                                            [&now] { return now; });
+  const std::shared_ptr<FakeConversation> a = table.FindOrCreate(1);
+  CHECK(table.FindOrCreate(1) == a);
+  CHECK(table.Find(1) == a);
+  CHECK(table.Find(2) == nullptr);
+  now = 50;
+  const std::shared_ptr<FakeConversation> b = table.FindOrCreate(2);
+  now = 120;  // 1 unused for 120 s, 2 for 70 s
+  table.FindOrCreate(3);
+  CHECK(table.Find(1) == nullptr);
+  CHECK(a->closed);  // a turn that locks it now starts over with a fresh state
+  CHECK(table.Find(2) == b);
+  CHECK(table.forgotten() == 1);
+  // A state a turn holds is not forgotten, however old.
+  b->mu.Lock();
+  now = 400;
+  table.FindOrCreate(4);
+  CHECK(table.Find(2) == b);
+  CHECK_FALSE(b->closed);
+  CHECK(table.Find(3) == nullptr);  // idle since 120
+  b->mu.Unlock();
+  // Past the bound the least recently used go, down to 90% of it.
+  for (SessionId id = 10; id < 20; ++id) {
+    now += 1;
+    table.FindOrCreate(id);
+  }
+  // The 11th state (18) went past the bound: 2 (idle past the TTL) and then
+  // 4, the least recently used, were forgotten, down to 9; 19 made 10.
+  CHECK(table.size() == 10);
+  CHECK(table.Find(2) == nullptr);
+  CHECK(table.Find(4) == nullptr);
+  CHECK(table.forgotten() == 4);
+  now += 1;
+  table.FindOrCreate(20);  // 11 again: the two least recently used go
+  CHECK(table.size() == 9);
+  CHECK(table.Find(10) == nullptr);
+  CHECK(table.Find(11) == nullptr);
+  CHECK(table.Find(12) != nullptr);
+  CHECK(table.Find(20) != nullptr);
+  CHECK(table.forgotten() == 6);
+  // Erase forgets only the state it names, not one created since.
+  const std::shared_ptr<FakeConversation> old = table.Find(12);
+  table.Erase(12, std::make_shared<FakeConversation>());
+  CHECK(table.Find(12) == old);
+  table.Erase(12, old);
+  CHECK(table.Find(12) == nullptr);
+  CHECK(table.forgotten() == 6);
+}
+
 }  // namespace
 }  // namespace kvc_router::engine

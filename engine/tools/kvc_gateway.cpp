@@ -266,10 +266,10 @@ class GatewayBase {
   void Run(const Turn& turn, Reply& reply) {
     std::shared_ptr<SessionState> s;
     while (true) {
-      s = SessionOf(turn.session, /*create=*/true);
+      s = conversations_->FindOrCreate(turn.session);
       s->mu.Lock();
       if (!s->closed) break;
-      s->mu.Unlock();  // closed meanwhile: the map holds a fresh state now
+      s->mu.Unlock();  // closed or forgotten meanwhile: the table holds a fresh state now
     }
     absl::Cleanup unlock_session = [&s] { s->mu.Unlock(); };
     const bool continues = s->hasher.has_value() && s->root == turn.root &&
@@ -291,26 +291,35 @@ class GatewayBase {
       // Over, or nothing ran for it (refused, cancelled, failed first):
       // forget it rather than keep a state per session id ever seen.
       s->closed = true;
-      absl::MutexLock lock(&sessions_mu_);
-      auto it = sessions_.find(turn.session);
-      if (it != sessions_.end() && it->second == s) sessions_.erase(it);
+      conversations_->Erase(turn.session, s);
     }
   }
 
   // Prometheus lines: the sessions the gateway keeps a conversation for.
   std::string SessionsGauge() const {
-    absl::MutexLock lock(&sessions_mu_);
     return absl::StrCat(
         "# HELP kvc_gateway_sessions Sessions the gateway keeps a conversation for.\n"
         "# TYPE kvc_gateway_sessions gauge\n"
         "kvc_gateway_sessions ",
-        sessions_.size(), "\n");
+        conversations_->size(),
+        "\n"
+        "# HELP kvc_gateway_sessions_forgotten_total Conversations forgotten for idleness "
+        "(--session-ttl) or the bound (--max-sessions); their next turn hashes its prompt "
+        "whole.\n"
+        "# TYPE kvc_gateway_sessions_forgotten_total counter\n"
+        "kvc_gateway_sessions_forgotten_total ",
+        conversations_->forgotten(), "\n");
+  }
+
+  // Bounds the conversations kept (before serving).
+  void LimitConversations(engine::ConversationTable<SessionState>::Options options) {
+    conversations_ = std::make_unique<engine::ConversationTable<SessionState>>(options);
   }
 
   // DELETE /v1/sessions/{id}: the client says the session is over.
   void Close(const std::string& session_key, httplib::Response& res) {
     const SessionId session = XXH3_64bits_withSeed(session_key.data(), session_key.size(), 0);
-    std::shared_ptr<SessionState> s = SessionOf(session, /*create=*/false);
+    std::shared_ptr<SessionState> s = conversations_->Find(session);
     if (s == nullptr) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
     json out = {{"session", session_key}, {"closed", true}};
     s->cancel = true;
@@ -323,11 +332,7 @@ class GatewayBase {
     }
     s->closed = true;
     CloseSession(session, *s, out);
-    {
-      absl::MutexLock lock(&sessions_mu_);
-      auto it = sessions_.find(session);
-      if (it != sessions_.end() && it->second == s) sessions_.erase(it);
-    }
+    conversations_->Erase(session, s);
     res.set_content(out.dump(), "application/json");
   }
 
@@ -451,23 +456,13 @@ class GatewayBase {
     return turn;
   }
 
-  std::shared_ptr<SessionState> SessionOf(SessionId session, bool create) {
-    absl::MutexLock lock(&sessions_mu_);
-    if (!create) {
-      auto it = sessions_.find(session);
-      return it == sessions_.end() ? nullptr : it->second;
-    }
-    std::shared_ptr<SessionState>& slot = sessions_[session];
-    if (slot == nullptr) slot = std::make_shared<SessionState>();
-    return slot;
-  }
-
   std::unique_ptr<engine::Tokenizer> tokenizer_;
   absl::flat_hash_set<std::string> loras_;
   uint32_t block_tokens_;
   uint32_t default_max_tokens_;
-  mutable absl::Mutex sessions_mu_;
-  absl::flat_hash_map<SessionId, std::shared_ptr<SessionState>> sessions_;
+  std::unique_ptr<engine::ConversationTable<SessionState>> conversations_ =
+      std::make_unique<engine::ConversationTable<SessionState>>(
+          engine::ConversationTable<SessionState>::Options{});
   std::atomic<uint64_t> next_anonymous_{0};
   std::atomic<uint64_t> request_ids_{0};
 };
@@ -996,6 +991,17 @@ int main(int argc, char** argv) {
                  "error event)")
       ->check(CLI::Range(size_t{1}, size_t{224}))
       ->capture_default_str();
+  engine::ConversationTable<SessionState>::Options conversations;
+  app.add_option("--max-sessions", conversations.max_sessions,
+                 "conversations (hash chain and last prompt + answer) kept for sessions that "
+                 "were not closed; beyond it the least recently used are forgotten")
+      ->check(CLI::Range(size_t{1}, size_t{100000000}))
+      ->capture_default_str();
+  app.add_option("--session-ttl", conversations.ttl_s,
+                 "seconds after which an unused conversation is forgotten (its next turn "
+                 "hashes its prompt whole)")
+      ->check(CLI::Range(1.0, 1e9))
+      ->capture_default_str();
   app.add_option("--max-tokens", max_tokens, "default max_tokens")->capture_default_str();
   app.add_option("--lora", loras, "a LoRA adapter name requests may ask for as \"model\"");
   CLI11_PARSE(app, argc, argv);
@@ -1083,6 +1089,7 @@ int main(int argc, char** argv) {
         absl::flat_hash_set<std::string>(loras.begin(), loras.end()), config.block_tokens,
         max_tokens, max_queued);
   }
+  gateway->LimitConversations(conversations);
 
   httplib::Server server;
   // First turns held by load control wait on a server thread; at most

@@ -18,6 +18,8 @@
 //    in OpenAI's server-sent-event format as the tokens come;
 //    `CompleteUtf8Prefix`: how much of its decoded bytes can go out now, when
 //    a token may end inside a character.
+//  * `ConversationTable`: the per-session conversations a gateway keeps,
+//    bounded by count and idle time.
 //  * `GatewayMetrics`: counters and a histogram in the Prometheus text
 //    exposition format (decisions by mode, rejections by reason, admission
 //    attempts and their latency, requests, in-flight per worker).
@@ -25,9 +27,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -36,6 +40,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -409,6 +415,116 @@ class GatewayMetrics {
   double latency_sum_ = 0.0;
   uint64_t requests_ok_ = 0;
   uint64_t requests_failed_ = 0;
+};
+
+// The conversations a gateway keeps (per session: its hash chain and last
+// prompt + answer, so the next turn hashes only what it appends), bounded so
+// a gateway whose clients never close their sessions does not grow without
+// end. `State` needs an `absl::Mutex mu` (held by a turn while it runs) and a
+// `bool closed` (set under `mu` when the table forgets it: whoever locks a
+// closed state looks it up again and gets a fresh one). A state not used
+// for `ttl_s`, and past `max_sessions` the least recently used ones, are
+// forgotten; one whose `mu` is held (a turn running or waiting) never is.
+// Forgetting costs that session's next turn a fresh hash chain (a prompt
+// hashed whole), nothing else. Thread-safe.
+//
+//   ConversationTable<SessionState> table({.max_sessions = 10000, .ttl_s = 3600});
+//   std::shared_ptr<SessionState> s = table.FindOrCreate(session);
+template <typename State>
+class ConversationTable {
+ public:
+  struct Options {
+    size_t max_sessions = 10000;
+    double ttl_s = 3600;
+  };
+  using Clock = std::function<double()>;  // seconds, monotonic
+
+  explicit ConversationTable(Options options, Clock clock = nullptr)
+      : options_(options), clock_(std::move(clock)) {
+    if (clock_ == nullptr) {
+      const auto start = std::chrono::steady_clock::now();
+      clock_ = [start] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      };
+    }
+  }
+
+  std::shared_ptr<State> Find(SessionId session) const {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(session);
+    return it == entries_.end() ? nullptr : it->second.state;
+  }
+
+  // The session's state, created if it has none; marks it used now.
+  std::shared_ptr<State> FindOrCreate(SessionId session) {
+    const double now = clock_();
+    absl::MutexLock lock(&mu_);
+    Entry& entry = entries_[session];
+    entry.last_used_s = now;
+    if (entry.state != nullptr) return entry.state;
+    entry.state = std::make_shared<State>();
+    std::shared_ptr<State> created = entry.state;
+    if (entries_.size() > options_.max_sessions) {
+      // Down to 90% of the bound, so the sort is paid once per many new sessions.
+      Forget(session, now, options_.max_sessions - options_.max_sessions / 10);
+    } else if (now - last_sweep_s_ >= options_.ttl_s / 8) {
+      Forget(session, now, entries_.size());
+    }
+    return created;
+  }
+
+  // Forgets `session` if its state is still `state` (not one created since).
+  void Erase(SessionId session, const std::shared_ptr<State>& state) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(session);
+    if (it != entries_.end() && it->second.state == state) entries_.erase(it);
+  }
+
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return entries_.size();
+  }
+  // States forgotten for idleness or the bound (not Erase).
+  uint64_t forgotten() const {
+    absl::MutexLock lock(&mu_);
+    return forgotten_;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<State> state;
+    double last_used_s = 0;
+  };
+
+  // Forgets idle states past the TTL, then the least recently used beyond
+  // `keep`, never `current` nor a state in use.
+  void Forget(SessionId current, double now, size_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    last_sweep_s_ = now;
+    std::vector<std::pair<double, SessionId>> by_age;
+    by_age.reserve(entries_.size());
+    for (const auto& [session, entry] : entries_) {
+      if (session != current) by_age.emplace_back(entry.last_used_s, session);
+    }
+    std::sort(by_age.begin(), by_age.end());
+    for (const auto& [last_used_s, session] : by_age) {
+      const bool expired = now - last_used_s >= options_.ttl_s;
+      if (!expired && entries_.size() <= keep) break;
+      auto it = entries_.find(session);
+      State& state = *it->second.state;
+      if (!state.mu.TryLock()) continue;  // a turn holds it
+      state.closed = true;
+      state.mu.Unlock();
+      entries_.erase(it);
+      ++forgotten_;
+    }
+  }
+
+  const Options options_;
+  Clock clock_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<SessionId, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  double last_sweep_s_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t forgotten_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvc_router::engine
