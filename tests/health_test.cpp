@@ -285,6 +285,32 @@ TEST_CASE("capacity rejections steer new sessions away but not resident ones",
   CHECK(state->reject_pressure(0) == 0);
 }
 
+TEST_CASE("with reject pressure off, Route keeps the seed's order for new sessions",
+          "[health][route]") {
+  FakeClock clock;
+  RouterConfig config;
+  config.num_decode_workers = 2;
+  config.num_prefill_workers = 1;
+  config.health.enabled = false;
+  config.reject_pressure = false;
+  auto state = State::Create(config, NaiveIndex(2), clock.AsClock());
+  REQUIRE(state.ok());
+  ScriptedTransport transport([&](WorkerId d, const AdmitQuery&) -> absl::StatusOr<AdmitResult> {
+    if (d == 0) return AdmitResult::Rejected(RejectReason::kSessionNotResidentNoCapacity);
+    return AdmitResult::Admitted(DecisionMode::kSeed);
+  });
+  for (SessionId session = 1; session <= 3; ++session) {
+    const size_t before = transport.calls().size();
+    Request r{.session = session, .turn = 0, .prefix_hashes = {}, .append_tokens = 10};
+    auto placed = Dispatch(**state, r, transport);
+    REQUIRE(placed.ok());
+    // (0, 0, -inflight, -assigned): worker 0 ties or wins on load, so it is asked first
+    // every time, as the seed's Route does, however often it refused.
+    CHECK(transport.calls()[before].decode == 0);
+    CHECK((*state)->reject_pressure(0) == 0);
+  }
+}
+
 TEST_CASE("reject pressure is forgotten after the failure window", "[health][route]") {
   FakeClock clock;
   auto state = HealthState(2, clock, false);

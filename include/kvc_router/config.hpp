@@ -117,6 +117,12 @@ struct RouterConfig {
   // without it bounds the room below the rejected input). Sessions with
   // residency keep Route's order. See docs/policies.md (kvc-adaptive).
   bool place_by_room = false;
+  // Beyond the seed (on by default): a decode worker's capacity rejections
+  // since its last admission (within health.failure_window) count as
+  // inflight load in Route for sessions with no pin and no overlap, so new
+  // sessions stop asking a full worker first (docs/reliability.md, "reject
+  // pressure"). Off, with health.enabled = false, Route is the seed's.
+  bool reject_pressure = true;
   // Worker health (health.hpp): a decode worker whose admission RPC fails
   // (worker-unavailable) failure_threshold times within failure_window is
   // not asked again until open_cooldown has passed, then probed. On by

@@ -530,6 +530,7 @@ struct StateAccess {
   // Records an answer of `worker` for its reject pressure.
   template <class State>
   static void NotePressure(State& state, WorkerId worker, bool admitted, absl::Time now) {
+    if (!state.config_.reject_pressure) return;
     uint64_t& pressure = state.pressure_[worker];
     const bool had = pressure != 0;
     if (admitted) {

@@ -153,6 +153,9 @@ inline absl::StatusOr<MadePolicy> MakePolicy(std::string_view name, const Policy
     policy::KvcPolicyOptions options;
     options.router = shape.ApplyTo(setup.router, topology);
     options.router.reset_on_success = setup.router.reset_on_success && name != "kvc-v1";
+    // The seed's Route: capacity rejections steer nothing beyond its
+    // blacklists (kvc-adaptive keeps the library's reject pressure).
+    options.router.reject_pressure = adaptive && setup.router.reject_pressure;
     options.index_capacity_tokens = setup.admission.capacity_tokens;
     options.kv_events = setup.kv_events;
     if (adaptive) {
