@@ -179,6 +179,12 @@ TEST_CASE("malformed payloads are refused with a message naming the problem",
   CHECK(refused("\xc1").find("malformed") != std::string::npos);
   CHECK(refused(std::string("\x92\x01\x90\x01", 4)).find("trailing") != std::string::npos);
   CHECK(refused("\x05").find("expected an array or map") != std::string::npos);
+  // A few bytes that claim millions of elements are refused at the header,
+  // before msgpack allocates room for them (array32 of 2^24 - 1, map32 of 2^20).
+  CHECK(refused(std::string("\xdd\x00\xff\xff\xff", 5)).find("array size overflow") !=
+        std::string::npos);
+  CHECK(refused(std::string("\xdf\x00\x10\x00\x00", 5)).find("map size overflow") !=
+        std::string::npos);
 
   auto one_event = [](auto&& pack_event) {
     msgpack::sbuffer buffer;

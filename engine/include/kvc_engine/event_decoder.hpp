@@ -32,6 +32,7 @@
 //   if (!batch.ok()) { log(batch.status()); return; }   // nothing applied
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -351,8 +352,16 @@ inline absl::StatusOr<DecodedEventBatch> DecodeEventBatch(std::span<const uint8_
     return decoder_detail::Bad(
         "batch", absl::StrCat(payload.size(), " bytes, the limit is ", kMaxEventPayloadBytes));
   }
-  const msgpack::unpack_limit limit(kMaxArrayElements, kMaxArrayElements, 1 << 20, 1 << 20,
-                                    1 << 20, 16);
+  // msgpack-cxx allocates an array's or map's elements when it reads the
+  // header, before the bytes that fill them: bound each count by what the
+  // payload could hold (an element takes at least one byte, a map entry
+  // two), so a few bytes that claim millions of elements cannot make it
+  // allocate hundreds of megabytes.
+  const size_t bytes = payload.size();
+  const msgpack::unpack_limit limit(std::min(kMaxArrayElements, bytes),
+                                    std::min(kMaxArrayElements, bytes / 2),
+                                    std::min<size_t>(1 << 20, bytes), std::min<size_t>(1 << 20, bytes),
+                                    std::min<size_t>(1 << 20, bytes), 16);
   try {
     std::size_t offset = 0;
     msgpack::object_handle handle;
