@@ -1,6 +1,7 @@
 // kvc_router/kvc_router.hpp
 //
-// Umbrella header: everything a gateway needs to route with the KVC-Router.
+// Umbrella header: everything a gateway needs to route with the KVC-Router
+// or with the recommended `ear` policy and the rest of the policy family.
 //
 //   types.hpp           ids, Request, decision modes, rejection reasons
 //   config.hpp          RouterConfig and AdmissionConfig with validation
@@ -13,6 +14,9 @@
 //   health.hpp          per-worker circuit breakers (worker health)
 //   index/              cache indexes: naive reference, placement estimate,
 //                       fast estimate (one table, bisection overlap), KV events
+//   policy/             the policy interface, KVC as a policy, the EAR family
+//                       (ear is the recommended policy) and the LoadLedger a
+//                       gateway runs them on
 //
 // The testing kit (kvc_router/testing/) is not included here; include it from
 // tests.
@@ -28,6 +32,11 @@
 #include "kvc_router/index/fast_index.hpp"
 #include "kvc_router/index/kv_event_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
+#include "kvc_router/policy/affinity_policies.hpp"
+#include "kvc_router/policy/kvc_policy.hpp"
+#include "kvc_router/policy/load_ledger.hpp"
+#include "kvc_router/policy/policy.hpp"
+#include "kvc_router/policy/rendezvous.hpp"
 #include "kvc_router/route.hpp"
 #include "kvc_router/routing_state.hpp"
 #include "kvc_router/types.hpp"
