@@ -310,6 +310,28 @@ TEST_CASE("load ledger: an instance that stops answering is not routable until a
   CHECK(l.prefill_routable(0));
 }
 
+TEST_CASE("load ledger: a drained instance is not routable until resumed; its requests finish",
+          "[policy][ledger][health]") {
+  auto ledger = LoadLedger::Create(Topology::kColocated, 3, 0);
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  absl::StatusOr<LoadLedger::Ticket> running = l.Start(On(1), 100);
+  REQUIRE(running.ok());
+  REQUIRE(l.SetDrained(1, true).ok());
+  CHECK(l.drained(1));
+  CHECK_FALSE(l.routable(1));
+  CHECK(l.routable(0));
+  running->Finish();  // what ran there finishes as usual
+  CHECK(l.instance_load(1).running_requests == 0);
+  CHECK_FALSE(l.routable(1));
+  const absl::Status unknown = l.SetDrained(3, true);
+  CHECK(unknown.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(unknown.message(), "instance 3 is not one of the 3"));
+  CHECK(l.routable(0));
+  REQUIRE(l.SetDrained(1, false).ok());
+  CHECK(l.routable(1));
+}
+
 TEST_CASE("load ledger: health can be off, and bad thresholds are refused", "[policy][ledger][health]") {
   HealthConfig off;
   off.enabled = false;

@@ -294,6 +294,18 @@ def run_kvc(args, start):
             message = json.loads(e.read().decode())["error"]["message"]
             check(e.code == 400 and names in message, f"{body}: HTTP {e.code} {message}")
     print("agents' chat: text parts, tools, a tool call and its result continue the session")
+
+    # Draining a decode worker is for good under kvc: resuming it is refused.
+    _, drained = http(gateway + "/admin/instances/2/drain", {})
+    check(drained == {"instance": 2, "drained": True}, f"drain answer: {drained}")
+    try:
+        http(gateway + "/admin/instances/2/resume", {})
+        check(False, "resuming a kvc decode worker is refused")
+    except urllib.error.HTTPError as e:
+        check(e.code == 409, f"resume under kvc: HTTP {e.code}")
+    r = completion(gateway, "after-drain", filler(93, 0, 200))
+    check(r["kvc"]["decode_worker"] != 2, f"nothing new goes to the drained worker: {r['kvc']}")
+    print("drain: a kvc decode worker drained for good")
     return 0
 
 
@@ -669,6 +681,30 @@ def run_ear(args, start):
     check(r["kvc"]["decode_worker"] == other,
           f"a new session avoids the stopped (idle-looking) instance: {r['kvc']}")
     print("circuit breaker: a stopped instance is left alone; its session moved on")
+
+    # An operator drains the instance left: with nothing routable a turn gets
+    # 503 and Retry-After; resumed, it serves again.
+    _, drained = http(gateway + f"/admin/instances/{other}/drain", {})
+    check(drained == {"instance": other, "drained": True}, f"drain answer: {drained}")
+    check(parse_metrics(http(gateway + "/metrics")[1])[f'kvc_instance_routable{{worker="{other}"}}'] == 0,
+          "a drained instance is not routable")
+    try:
+        completion(gateway, "newcomer", filler(83, 1, 100))
+        check(False, "a turn with no routable instance is refused")
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read().decode())["error"]["message"]
+        check(e.code == 503 and e.headers.get("Retry-After") == "1" and "routable" in message,
+              f"no routable instance: HTTP {e.code} {message}")
+    http(gateway + f"/admin/instances/{other}/resume", {})
+    r = completion(gateway, "newcomer", filler(83, 2, 100))
+    check(r["kvc"]["decode_worker"] == other, f"served again once resumed: {r['kvc']}")
+    for instance, code in (("7", 404), ("x", 400)):
+        try:
+            http(gateway + f"/admin/instances/{instance}/drain", {})
+            check(False, f"draining instance {instance!r} is refused")
+        except urllib.error.HTTPError as e:
+            check(e.code == code, f"drain {instance!r}: HTTP {e.code}")
+    print("drain: nothing new goes to a drained instance; resumed, it serves again")
     return 0
 
 

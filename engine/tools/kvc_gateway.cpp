@@ -39,6 +39,10 @@
 //   DELETE /v1/sessions/{id}   the session is over: the gateway forgets it;
 //        under an affinity policy the policy frees its memory (held first
 //        turns may go in) and the instances that served it get /close_session.
+//   POST /admin/instances/{id}/drain | resume
+//        nothing new goes to the instance (the decode worker under kvc, for
+//        good) until resumed; what runs there finishes; sessions bound there
+//        are placed anew on their next turn.
 //   GET  /metrics              Prometheus text format
 //   GET  /debug/index          kvc: the router's residency per decode worker;
 //                              affinity: loads, live contexts, the queue (JSON)
@@ -66,6 +70,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -346,6 +351,27 @@ class GatewayBase {
   virtual void CloseSession(SessionId session, SessionState& s, json& out) = 0;
   // Wakes turns waiting for placement so they see a session's `cancel`.
   virtual void CancelWaiting() {}
+  // POST /admin/instances/{id}/drain (true) or /resume (false).
+  virtual absl::Status SetDrained(WorkerId instance, bool drained) = 0;
+
+ public:
+  // The admin endpoint: JSON {"instance", "drained"}, or the refusal.
+  void Drain(const std::string& id, bool drained, httplib::Response& res) {
+    WorkerId instance = 0;
+    if (!absl::SimpleAtoi(id, &instance)) {
+      return Fail(res, 400, absl::StrCat("instance \"", id, "\" is not a number"));
+    }
+    const absl::Status status = SetDrained(instance, drained);
+    if (!status.ok()) {
+      // No such instance: 404; one the state refuses (the last active worker,
+      // a kvc worker to resume): 409.
+      const bool unknown = absl::IsInvalidArgument(status) || absl::IsNotFound(status);
+      return Fail(res, unknown ? 404 : 409, std::string(status.message()));
+    }
+    res.set_content(json{{"instance", instance}, {"drained", drained}}.dump(), "application/json");
+  }
+
+ protected:
 
   static void Fail(httplib::Response& res, int status, const std::string& message) {
     res.status = status;
@@ -482,6 +508,20 @@ class KvcGateway final : public GatewayBase {
   void set_subscriber(std::unique_ptr<engine::KvEventSubscriber> subscriber) {
     subscriber_ = std::move(subscriber);
   }
+
+ protected:
+  // RoutingState drains a decode worker for good: its sessions move on
+  // their next turn and nothing new goes there; it has no way back.
+  absl::Status SetDrained(WorkerId worker, bool drained) override {
+    if (!drained) {
+      return absl::FailedPreconditionError(
+          "kvc: a drained decode worker cannot be resumed (RoutingState drains for good); "
+          "restart the gateway to bring it back");
+    }
+    return state_->DrainDecodeWorker(worker);
+  }
+
+ public:
 
   std::string Metrics() const override {
     std::vector<uint64_t> inflight;
@@ -840,6 +880,13 @@ class AffinityGateway final : public GatewayBase {
     queue_cv_.notify_all();
   }
 
+  absl::Status SetDrained(WorkerId instance, bool drained) override {
+    absl::Status status = ledger_->SetDrained(instance, drained);
+    std::lock_guard<std::mutex> lock(policy_mu_);
+    queue_cv_.notify_all();  // a held first turn sees the change at once
+    return status;
+  }
+
   void CloseSession(SessionId session, SessionState& s, json& out) override {
     {
       std::lock_guard<std::mutex> lock(policy_mu_);
@@ -1111,6 +1158,10 @@ int main(int argc, char** argv) {
   server.Get("/debug/index", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(gateway->DebugIndex().dump(), "application/json");
   });
+  server.Post(R"(/admin/instances/([^/]+)/(drain|resume))",
+              [&](const httplib::Request& req, httplib::Response& res) {
+                gateway->Drain(req.matches[1].str(), req.matches[2].str() == "drain", res);
+              });
   server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("{\"ok\":true}", "application/json");
   });

@@ -26,7 +26,9 @@
 // ticket started there); an answer closes its breaker. The EAR family
 // places nothing on a worker that is not routable and places a session
 // bound there anew, so a dead instance neither keeps its sessions failing
-// nor, looking idle once its tickets are released, draws new ones.
+// nor, looking idle once its tickets are released, draws new ones. An
+// operator can also drain an instance (`SetDrained`): it is not routable
+// until resumed, while what runs there finishes.
 //
 // The ledger is thread-safe: many gateway threads may start and finish
 // requests and read loads at once. A ticket has one owner (hand it to the
@@ -231,7 +233,26 @@ class LoadLedger final : public ClusterView {
   bool routable(WorkerId instance) const override {
     const absl::Time now = AsTime(clock_());
     absl::MutexLock lock(&mu_);
+    if (instance < drained_.size() && drained_[instance]) return false;
     return instance_health_.Routable(instance, now);
+  }
+
+  // Drains `instance` (true: nothing new goes there; requests running there
+  // finish and give their load back as usual) or resumes it (false).
+  // Refused, changing nothing, for an unknown instance.
+  absl::Status SetDrained(WorkerId instance, bool drained) {
+    if (instance >= num_instances_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadLedger::SetDrained: instance ", instance, " is not one of the ", num_instances_,
+          " instances"));
+    }
+    absl::MutexLock lock(&mu_);
+    drained_[instance] = drained;
+    return absl::OkStatus();
+  }
+  bool drained(WorkerId instance) const {
+    absl::MutexLock lock(&mu_);
+    return instance < drained_.size() && drained_[instance];
   }
   bool prefill_routable(WorkerId prefill) const override {
     const absl::Time now = AsTime(clock_());
@@ -287,7 +308,8 @@ class LoadLedger final : public ClusterView {
         instances_(instances),
         prefill_(prefill_workers),
         instance_health_(health, instances),
-        prefill_health_(health, prefill_workers) {}
+        prefill_health_(health, prefill_workers),
+        drained_(instances, false) {}
 
   // The breakers count in absl::Time; the ledger's clock in seconds.
   static absl::Time AsTime(double seconds) { return absl::UnixEpoch() + absl::Seconds(seconds); }
@@ -317,6 +339,7 @@ class LoadLedger final : public ClusterView {
   std::vector<InstanceLoad> prefill_ ABSL_GUARDED_BY(mu_);
   WorkerHealth instance_health_ ABSL_GUARDED_BY(mu_);
   WorkerHealth prefill_health_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> drained_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc_router::policy
