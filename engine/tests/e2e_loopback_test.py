@@ -67,10 +67,21 @@ def http(url, body=None, headers=None, timeout=30):
         return r.status, (json.loads(raw) if raw.startswith("{") else raw)
 
 
+class PortTaken(Exception):
+    """A server could not bind the port free_port() picked: something else
+    took it in between (the scenario is started again on fresh ports)."""
+
+
+LOG_OF = {}  # pid -> the process's log file
+
+
 def wait_healthy(url, proc, timeout=15):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
+            log = LOG_OF.get(proc.pid)
+            if proc.returncode == 2 and log and "cannot listen" in open(log).read():
+                raise PortTaken(f"{url}: its port was taken before it could listen")
             raise AssertionError(f"{url}: process exited with {proc.returncode}")
         try:
             if http(url + "/health", timeout=1)[0] == 200:
@@ -715,17 +726,30 @@ def main():
     parser.add_argument("--scenario", choices=["kvc", "ear"], default="kvc")
     args = parser.parse_args()
 
+    for attempt in range(3):
+        try:
+            return run_scenario(args)
+        except PortTaken as e:
+            print(f"restarting the scenario on fresh ports: {e}", file=sys.stderr)
+    raise AssertionError("three attempts lost a port to another process")
+
+
+def run_scenario(args):
     procs = []
     logdir = tempfile.mkdtemp(prefix="kvc-e2e-")
 
     def start(name, cmd):
-        log = open(os.path.join(logdir, name + ".log"), "w")
+        path = os.path.join(logdir, name + ".log")
+        log = open(path, "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        LOG_OF[proc.pid] = path
         procs.append((name, proc, log))
         return proc
 
     try:
         rc = run_ear(args, start) if args.scenario == "ear" else run_kvc(args, start)
+    except PortTaken:
+        raise
     except Exception:
         for name, _, logf in procs:
             logf.flush()
