@@ -76,7 +76,8 @@ kvc_configure "${KVC_ROOT}/build/fuzz" "${fuzz_cxx}" \
 available="$(cmake --build build/fuzz --target help)"
 kept=()
 for t in "${targets[@]}"; do
-  if grep -q "kvc_fuzz_${t}:" <<<"${available}"; then
+  # Ninja lists "name: phony", Makefiles "... name".
+  if grep -Eq "(^|[ .])kvc_fuzz_${t}(:|$)" <<<"${available}"; then
     kept+=("${t}")
   else
     kvc_log "fuzz: ${t} skipped: no target kvc_fuzz_${t} in this configuration"

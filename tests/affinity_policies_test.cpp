@@ -294,8 +294,10 @@ TEST_CASE("every affinity rule avoids instances that are not routable and places
     CHECK(next->migrate_from == kNoWorker);
     if (rule == AffinityRule::kUnified || rule == AffinityRule::kEar) {
       CHECK(policy->binding(1) == next->instance);
-      CHECK(policy->EstimatedHitTokens(home, s.chain) == 0);  // not counted on when it returns
     }
+    // What the estimate held of the down instance is not counted on when it
+    // returns (it may come back empty).
+    CHECK(policy->EstimatedHitTokens(home, s.chain) == 0);
     policy->OnFinished(s.Next(1, 0), *next, cluster);
     // With no instance routable nothing is decided and nothing changes.
     const WorkerId bound = policy->binding(1);
@@ -317,6 +319,36 @@ TEST_CASE("every affinity rule avoids instances that are not routable and places
       CHECK(back->instance == next->instance);
     }
   }
+}
+
+TEST_CASE("ear: turns still running on a down instance do not pin the session placed anew",
+          "[policy][ear][health][migration]") {
+  FakeCluster cluster(Topology::kColocated, 0, 3, 1 << 20);
+  AffinityPolicyOptions options;
+  options.hot_prefill_tokens = 1000;
+  options.migration_cooldown_s = 0;
+  options.session_idle_s = 1e6;
+  auto ear = Make(AffinityRule::kEar, 3, Topology::kColocated, 0, options);
+  GrowingSession s{1};
+  const PolicyRequest first = s.Next(0, 10);
+  auto stuck = ear->Place(first, cluster);  // runs on, never finishes in this test
+  REQUIRE(stuck.ok());
+  const WorkerId home = stuck->instance;
+  cluster.down.assign(3, false);
+  cluster.down[home] = true;
+  const PolicyRequest second = s.Next(1, 2);
+  auto moved = ear->Place(second, cluster);
+  REQUIRE(moved.ok());
+  REQUIRE(moved->instance != home);
+  ear->OnFinished(second, *moved, cluster);
+  ear->OnFinished(first, *stuck, cluster);  // late, from the old instance: ignored
+  // Its new instance turns hot: the session has nothing in flight there, so it may move.
+  cluster.load(moved->instance).pending_prefill_tokens = 50000;
+  cluster.now = 10;
+  auto third = ear->Place(s.Next(2, 1), cluster);
+  REQUIRE(third.ok());
+  CHECK(third->migrate_from == moved->instance);
+  CHECK(third->instance != home);
 }
 
 TEST_CASE("affinity policies on P/D: prefill workers that are not routable take nothing",

@@ -385,7 +385,10 @@ def run_ear(args, start):
     gateway = f"http://127.0.0.1:{gport}"
     gcmd = [args.gateway, "--port", str(gport), "--block-tokens", str(BLOCK), "--policy", "ear",
             "--kv-capacity-tokens", str(EAR_CAPACITY), "--hot-prefill-tokens", "1000",
-            "--session-idle", "60", "--max-tokens", str(MAX_TOKENS)]
+            "--session-idle", "60", "--max-tokens", str(MAX_TOKENS),
+            # The breaker checks after the instance stops must finish inside
+            # the cooldown, on however slow a machine.
+            "--breaker-cooldown", "300"]
     for url in instances:
         gcmd += ["--instance", url]
     gproc = start("gateway", gcmd)

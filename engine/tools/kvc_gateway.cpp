@@ -325,14 +325,22 @@ class GatewayBase {
   void Close(const std::string& session_key, httplib::Response& res) {
     const SessionId session = XXH3_64bits_withSeed(session_key.data(), session_key.size(), 0);
     std::shared_ptr<SessionState> s = conversations_->Find(session);
-    if (s == nullptr) return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
     json out = {{"session", session_key}, {"closed", true}};
+    if (s == nullptr) {
+      // No conversation (never seen, or forgotten for idleness): the policy
+      // may still hold the session.
+      if (!CloseForgotten(session, out)) {
+        return Fail(res, 404, absl::StrCat("no session \"", session_key, "\""));
+      }
+      return res.set_content(out.dump(), "application/json");
+    }
     s->cancel = true;
     CancelWaiting();
     absl::MutexLock session_lock(&s->mu);  // after its turn in flight, if any
     if (s->closed) {
-      // Closed meanwhile: by another DELETE, or its only turn was cancelled.
-      out["instances_closed"] = json::array();
+      // Closed meanwhile: by another DELETE, its only turn was cancelled, or
+      // the conversation was forgotten (then the policy may still hold it).
+      if (!CloseForgotten(session, out)) out["instances_closed"] = json::array();
       return res.set_content(out.dump(), "application/json");
     }
     s->closed = true;
@@ -351,6 +359,13 @@ class GatewayBase {
   virtual void CloseSession(SessionId session, SessionState& s, json& out) = 0;
   // Wakes turns waiting for placement so they see a session's `cancel`.
   virtual void CancelWaiting() {}
+  // Closes a session the gateway keeps no conversation for; false when the
+  // policy does not know it either.
+  virtual bool CloseForgotten(SessionId session, json& out) {
+    (void)session;
+    (void)out;
+    return false;
+  }
   // POST /admin/instances/{id}/drain (true) or /resume (false).
   virtual absl::Status SetDrained(WorkerId instance, bool drained) = 0;
 
@@ -446,7 +461,9 @@ class GatewayBase {
     }
     // Chat clients now send max_completion_tokens (OpenAI's newer name); it wins.
     const char* limit_field =
-        chat && body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+        chat && body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+            ? "max_completion_tokens"
+            : "max_tokens";
     const json max_tokens_json = body.value(limit_field, json(default_max_tokens_));
     if (!max_tokens_json.is_number_unsigned() || max_tokens_json.get<uint64_t>() == 0 ||
         max_tokens_json.get<uint64_t>() > 65536) {
@@ -880,6 +897,21 @@ class AffinityGateway final : public GatewayBase {
     queue_cv_.notify_all();
   }
 
+  bool CloseForgotten(SessionId session, json& out) override {
+    WorkerId bound = kNoWorker;
+    {
+      std::lock_guard<std::mutex> lock(policy_mu_);
+      bound = policy_->binding(session);
+      if (bound == kNoWorker) return false;
+      policy_->OnSessionClosed(session);
+      queue_cv_.notify_all();
+    }
+    json closed = json::array();
+    if (transport_->CloseSession(bound, session).ok()) closed.push_back(bound);
+    out["instances_closed"] = closed;
+    return true;
+  }
+
   absl::Status SetDrained(WorkerId instance, bool drained) override {
     absl::Status status = ledger_->SetDrained(instance, drained);
     std::lock_guard<std::mutex> lock(policy_mu_);
@@ -1038,6 +1070,18 @@ int main(int argc, char** argv) {
                  "error event)")
       ->check(CLI::Range(size_t{1}, size_t{224}))
       ->capture_default_str();
+  HealthConfig breakers;
+  uint32_t breaker_cooldown_s = 5;
+  app.add_option("--breaker-failures", breakers.failure_threshold,
+                 "affinity policies: calls an instance never answers within 10 s that open its "
+                 "circuit breaker")
+      ->check(CLI::Range(1u, 1000000u))
+      ->capture_default_str();
+  app.add_option("--breaker-cooldown", breaker_cooldown_s,
+                 "affinity policies: seconds an open breaker keeps its instance out before one "
+                 "turn probes it")
+      ->check(CLI::Range(1u, 86400u))
+      ->capture_default_str();
   engine::ConversationTable<SessionState>::Options conversations;
   app.add_option("--max-sessions", conversations.max_sessions,
                  "conversations (hash chain and last prompt + answer) kept for sessions that "
@@ -1126,7 +1170,9 @@ int main(int argc, char** argv) {
     affinity.block_tokens = config.block_tokens;
     auto created = policy::AffinityPolicy::Create(affinity);
     if (!created.ok()) return usage_error(std::string(created.status().message()));
-    auto ledger = policy::LoadLedger::Create(policy::Topology::kColocated, affinity.instances, 0);
+    breakers.open_cooldown = absl::Seconds(breaker_cooldown_s);
+    auto ledger = policy::LoadLedger::Create(policy::Topology::kColocated, affinity.instances, 0,
+                                             nullptr, breakers);
     if (!ledger.ok()) return usage_error(std::string(ledger.status().message()));
     auto transport = engine::HttpWorkerTransport::Create({.decode_urls = instance_urls});
     if (!transport.ok()) return usage_error(std::string(transport.status().message()));

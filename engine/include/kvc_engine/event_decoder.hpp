@@ -356,12 +356,14 @@ inline absl::StatusOr<DecodedEventBatch> DecodeEventBatch(std::span<const uint8_
   // header, before the bytes that fill them: bound each count by what the
   // payload could hold (an element takes at least one byte, a map entry
   // two), so a few bytes that claim millions of elements cannot make it
-  // allocate hundreds of megabytes.
+  // allocate hundreds of megabytes. What stays possible is one such claim
+  // per open nesting level, at most 8 (a batch nests 5 deep): about
+  // 8 x 24 bytes per payload byte, all of it freed with the payload.
   const size_t bytes = payload.size();
   const msgpack::unpack_limit limit(std::min(kMaxArrayElements, bytes),
                                     std::min(kMaxArrayElements, bytes / 2),
                                     std::min<size_t>(1 << 20, bytes), std::min<size_t>(1 << 20, bytes),
-                                    std::min<size_t>(1 << 20, bytes), 16);
+                                    std::min<size_t>(1 << 20, bytes), 8);
   try {
     std::size_t offset = 0;
     msgpack::object_handle handle;

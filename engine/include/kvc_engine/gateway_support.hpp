@@ -426,7 +426,8 @@ class GatewayMetrics {
 // for `ttl_s`, and past `max_sessions` the least recently used ones, are
 // forgotten; one whose `mu` is held (a turn running or waiting) never is.
 // Forgetting costs that session's next turn a fresh hash chain (a prompt
-// hashed whole), nothing else. Thread-safe.
+// hashed whole) and the gateway the list of instances that served it (a
+// close then reaches the one the policy has it bound to). Thread-safe.
 //
 //   ConversationTable<SessionState> table({.max_sessions = 10000, .ttl_s = 3600});
 //   std::shared_ptr<SessionState> s = table.FindOrCreate(session);

@@ -387,7 +387,8 @@ class AffinityPolicy final : public RoutingPolicy {
     WorkerId chosen = kNoWorker;
     WorkerId migrate_from = kNoWorker;
     if (options_.rule == AffinityRule::kEar) {
-      if (std::optional<MigrationPlan> plan = PlanMigration(request, cluster)) {
+      if (std::optional<MigrationPlan> plan = PlanMigrationAmong(
+              request, cluster, [this](WorkerId d) { return up_[d] != 0; })) {
         chosen = plan->to;
         migrate_from = plan->from;
         ++migrations_;
@@ -407,9 +408,12 @@ class AffinityPolicy final : public RoutingPolicy {
     if (migrate_from != kNoWorker) estimate_.ForgetSession(migrate_from, session);
     if (const WorkerId bound = binding(session);
         bound != kNoWorker && bound != chosen && !up_[bound]) {
-      // Placed anew because its instance stopped answering: whatever that
-      // instance held of it is not counted on when it comes back.
+      // Placed anew because its instance is not routable: whatever that
+      // instance held of it is not counted on when it comes back, and turns
+      // still running there no longer count as this binding's (their
+      // OnFinished names the old instance and is ignored).
       estimate_.ForgetSession(bound, session);
+      if (auto it = bindings_.find(session); it != bindings_.end()) it->second.in_flight = 0;
     }
     estimate_.Learn(chosen, session, request.input_hashes);
     Bind(session, chosen);
@@ -526,6 +530,17 @@ class AffinityPolicy final : public RoutingPolicy {
   // session whatever the load does.
   std::optional<MigrationPlan> PlanMigration(const PolicyRequest& request,
                                              const ClusterView& cluster) const {
+    return PlanMigrationAmong(request, cluster,
+                              [&cluster](WorkerId d) { return cluster.routable(d); });
+  }
+
+ private:
+  // PlanMigration over the instances `routable` accepts (Place passes the
+  // snapshot it decides on, so one placement sees one answer per instance).
+  template <typename Routable>
+  std::optional<MigrationPlan> PlanMigrationAmong(const PolicyRequest& request,
+                                                  const ClusterView& cluster,
+                                                  Routable routable) const {
     if (options_.rule != AffinityRule::kEar) return std::nullopt;
     auto it = bindings_.find(request.request.session);
     if (it == bindings_.end()) return std::nullopt;
@@ -533,7 +548,7 @@ class AffinityPolicy final : public RoutingPolicy {
     if (b.in_flight > 0 || b.instance >= options_.instances) return std::nullopt;
     // An instance that does not answer cannot hand its KV over (Place then
     // places the session anew).
-    if (!cluster.routable(b.instance)) return std::nullopt;
+    if (!routable(b.instance)) return std::nullopt;
     const double now = cluster.now_s();
     if (now - b.migrated_at_s < options_.migration_cooldown_s) return std::nullopt;
     const InstanceLoad home = cluster.instance_load(b.instance);
@@ -554,7 +569,7 @@ class AffinityPolicy final : public RoutingPolicy {
     WorkerId best = kNoWorker;
     InstanceLoad best_load;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      if (d == b.instance || !cluster.routable(d)) continue;
+      if (d == b.instance || !routable(d)) continue;
       if (capacity > 0 && committed_[d] + need > capacity &&
           !(memory_hot && LowersOverflow(b, d, need))) {
         continue;
@@ -580,6 +595,8 @@ class AffinityPolicy final : public RoutingPolicy {
     return MigrationPlan{request.request.session, b.instance, best, b.context_tokens,
                          memory_hot ? MigrationTrigger::kMemory : MigrationTrigger::kHotPrefill};
   }
+
+ public:
 
   // The instance a session is bound to (unified, ear and sticky), or kNoWorker.
   WorkerId binding(SessionId session) const {
@@ -622,7 +639,9 @@ class AffinityPolicy final : public RoutingPolicy {
         prefill_overlap_(std::max<uint32_t>(options.prefill_workers, 1), 0),
         committed_(options.instances, 0),
         up_(options.instances, 1),
-        prefill_up_(options.prefill_workers, 1) {}
+        prefill_up_(options.prefill_workers, 1),
+        read_up_(options.instances, 1),
+        read_prefill_up_(options.prefill_workers, 1) {}
 
   struct Binding {
     WorkerId instance = kNoWorker;
@@ -709,29 +728,41 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
   // Fills up_ and prefill_up_ from the view; Unavailable, naming the pool,
-  // when a pool the request needs has no worker that answers.
+  // and changing nothing, when a pool the request needs has no worker that
+  // answers.
   absl::Status ReadRoutable(const ClusterView& cluster) {
     uint32_t instances_up = 0;
     for (WorkerId d = 0; d < options_.instances; ++d) {
-      up_[d] = cluster.routable(d) ? 1 : 0;
-      instances_up += up_[d];
+      read_up_[d] = cluster.routable(d) ? 1 : 0;
+      instances_up += read_up_[d];
     }
     uint32_t prefill_up = 0;
     for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
-      prefill_up_[p] = cluster.prefill_routable(p) ? 1 : 0;
-      prefill_up += prefill_up_[p];
+      read_prefill_up_[p] = cluster.prefill_routable(p) ? 1 : 0;
+      prefill_up += read_prefill_up_[p];
     }
     if (instances_up == 0) {
       return absl::UnavailableError(absl::StrCat(
           name_, ": none of the ", options_.instances,
-          " instances is routable (every circuit breaker is open); retry after the cooldown"));
+          " instances is routable (each one's circuit breaker is open or it is drained); retry "
+          "after the breakers' cooldown"));
     }
     if (options_.topology == Topology::kDisaggregated && prefill_up == 0) {
       return absl::UnavailableError(absl::StrCat(
           name_, ": none of the ", options_.prefill_workers,
-          " prefill workers is routable (every circuit breaker is open); retry after the "
-          "cooldown"));
+          " prefill workers is routable (each one's circuit breaker is open or it is drained); "
+          "retry after the breakers' cooldown"));
     }
+    for (WorkerId d = 0; d < options_.instances; ++d) {
+      // An instance that stopped answering may come back with an empty
+      // cache (a restart): what the estimate held of it is not counted on.
+      if (up_[d] && !read_up_[d]) estimate_.ForgetWorker(d);
+    }
+    for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
+      if (prefill_up_[p] && !read_prefill_up_[p]) prefill_estimate_.ForgetWorker(p);
+    }
+    up_.swap(read_up_);
+    prefill_up_.swap(read_prefill_up_);
     return absl::OkStatus();
   }
 
@@ -956,6 +987,8 @@ class AffinityPolicy final : public RoutingPolicy {
   // (ClusterView::routable); read by the rule helpers.
   std::vector<uint8_t> up_;
   std::vector<uint8_t> prefill_up_;
+  std::vector<uint8_t> read_up_;  // scratch for ReadRoutable
+  std::vector<uint8_t> read_prefill_up_;
   // ear: their sum, the sessions counted in it, and the turns placed for
   // sessions without and with a binding (fading, see return_rate()).
   uint64_t live_tokens_ = 0;
