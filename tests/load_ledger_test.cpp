@@ -28,6 +28,20 @@ Placement On(WorkerId instance, WorkerId prefill = kNoWorker) {
   return p;
 }
 
+// ear on `instances` colocated instances, 16-token blocks, sessions never idle.
+std::unique_ptr<AffinityPolicy> MakeEar(uint32_t instances, uint64_t hot_prefill_tokens) {
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.instances = instances;
+  options.block_tokens = 16;
+  options.kv_capacity_tokens = 1 << 20;
+  options.hot_prefill_tokens = hot_prefill_tokens;
+  options.session_idle_s = 1e6;
+  auto ear = AffinityPolicy::Create(options);
+  REQUIRE(ear.ok());
+  return std::move(*ear);
+}
+
 TEST_CASE("load ledger: a colocated request's prefill and slot come back once each",
           "[policy][ledger]") {
   auto ledger = LoadLedger::Create(Topology::kColocated, 3, 0);
@@ -214,18 +228,10 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
   auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, [&now] { return now; });
   REQUIRE(ledger.ok());
   LoadLedger& l = **ledger;
-  AffinityPolicyOptions options;
-  options.rule = AffinityRule::kEar;
-  options.instances = 2;
-  options.block_tokens = 16;
-  options.kv_capacity_tokens = 1 << 20;
-  options.hot_prefill_tokens = 1000;
-  options.session_idle_s = 1e6;
-  auto ear = AffinityPolicy::Create(options);
-  REQUIRE(ear.ok());
+  auto ear = MakeEar(2, /*hot_prefill_tokens=*/1000);
   testing::GrowingSession s{1};
   PolicyRequest first = s.Next(0, 20);
-  absl::StatusOr<Placement> p = (*ear)->Place(first, l);
+  absl::StatusOr<Placement> p = ear->Place(first, l);
   REQUIRE(p.ok());
   CHECK(p->instance == 0);
   CHECK(p->estimated_hit_tokens == 0);  // nothing cached anywhere yet
@@ -235,7 +241,7 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
     CHECK(l.instance_load(0).pending_prefill_tokens == 320);
     t->FirstToken();
   }  // finished
-  (*ear)->OnFinished(first, *p, l);
+  ear->OnFinished(first, *p, l);
   // Other sessions' long prompts now wait on instance 0.
   std::vector<LoadLedger::Ticket> busy;
   for (int i = 0; i < 3; ++i) {
@@ -245,7 +251,7 @@ TEST_CASE("load ledger: ear runs on what the gateway sent and moves a session of
   }
   now = 5;
   const PolicyRequest next = s.Next(1, 2);
-  p = (*ear)->Place(next, l);
+  p = ear->Place(next, l);
   REQUIRE(p.ok());
   CHECK(p->instance == 1);
   CHECK(p->migrate_from == 0);
@@ -352,17 +358,10 @@ TEST_CASE("load ledger: ear moves a session off an instance that stopped answeri
   auto ledger = LoadLedger::Create(Topology::kColocated, 3, 0, [&now] { return now; });
   REQUIRE(ledger.ok());
   LoadLedger& l = **ledger;
-  AffinityPolicyOptions options;
-  options.rule = AffinityRule::kEar;
-  options.instances = 3;
-  options.block_tokens = 16;
-  options.kv_capacity_tokens = 1 << 20;
-  options.session_idle_s = 1e6;
-  auto ear = AffinityPolicy::Create(options);
-  REQUIRE(ear.ok());
+  auto ear = MakeEar(3, AffinityPolicyOptions().hot_prefill_tokens);
   testing::GrowingSession s{1};
   PolicyRequest first = s.Next(0, 20);
-  absl::StatusOr<Placement> p = (*ear)->Place(first, l);
+  absl::StatusOr<Placement> p = ear->Place(first, l);
   REQUIRE(p.ok());
   const WorkerId home = p->instance;
   // Its turns fail there: the gateway reports each and the ticket gives its load back.
@@ -371,18 +370,18 @@ TEST_CASE("load ledger: ear moves a session off an instance that stopped answeri
     l.ReportUnavailable(home);
     now += 1;
   }
-  (*ear)->OnFinished(first, *p, l);
+  ear->OnFinished(first, *p, l);
   CHECK_FALSE(l.routable(home));
   // The idle instance would win on load; it is not routable, so the session
   // and new ones go elsewhere.
   const PolicyRequest next = s.Next(1, 2);
-  p = (*ear)->Place(next, l);
+  p = ear->Place(next, l);
   REQUIRE(p.ok());
   CHECK(p->instance != home);
   CHECK(p->migrate_from == kNoWorker);
-  CHECK((*ear)->binding(1) == p->instance);
+  CHECK(ear->binding(1) == p->instance);
   testing::GrowingSession fresh{2};
-  absl::StatusOr<Placement> q = (*ear)->Place(fresh.Next(2, 3), l);
+  absl::StatusOr<Placement> q = ear->Place(fresh.Next(2, 3), l);
   REQUIRE(q.ok());
   CHECK(q->instance != home);
 }
