@@ -539,7 +539,6 @@ class KvcGateway final : public GatewayBase {
   }
 
  public:
-
   std::string Metrics() const override {
     std::vector<uint64_t> inflight;
     for (WorkerId d = 0; d < state_->num_decode_workers(); ++d) {
@@ -693,7 +692,7 @@ class AffinityGateway final : public GatewayBase {
                       load.pending_prefill_tokens, "\n");
     }
     extra += "# HELP kvc_instance_routable Whether new turns may go to the instance (0 while its "
-             "circuit breaker is open after it stopped answering).\n";
+             "circuit breaker is open after it stopped answering, or while it is drained).\n";
     extra += "# TYPE kvc_instance_routable gauge\n";
     for (WorkerId d = 0; d < ledger_->num_instances(); ++d) {
       absl::StrAppend(&extra, "kvc_instance_routable{worker=\"", d, "\"} ",
@@ -800,8 +799,8 @@ class AffinityGateway final : public GatewayBase {
     if (!placement.ok()) {
       metrics_.Request(false);
       s.hasher.reset();
-      // Unavailable: every instance's breaker is open, which passes; else
-      // the gateway's own configuration is at fault.
+      // Unavailable: no instance is routable (breakers open, or drained),
+      // which passes; else the gateway's own configuration is at fault.
       const bool passes = absl::IsUnavailable(placement.status());
       return reply.Fail(passes ? 503 : 500, std::string(placement.status().message()),
                         /*retry=*/passes);

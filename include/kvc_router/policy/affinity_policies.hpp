@@ -597,7 +597,6 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
  public:
-
   // The instance a session is bound to (unified, ear and sticky), or kNoWorker.
   WorkerId binding(SessionId session) const {
     auto it = bindings_.find(session);
