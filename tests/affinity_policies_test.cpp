@@ -351,6 +351,40 @@ TEST_CASE("ear: turns still running on a down instance do not pin the session pl
   CHECK(third->instance != home);
 }
 
+TEST_CASE("ear moves the sessions of a draining instance with their KV; unified places them anew",
+          "[policy][ear][health][migration]") {
+  for (AffinityRule rule : {AffinityRule::kEar, AffinityRule::kUnified}) {
+    INFO("rule " << AffinityRuleName(rule));
+    FakeCluster cluster(Topology::kColocated, 0, 3, 1 << 20);
+    AffinityPolicyOptions options;
+    options.migration_cooldown_s = 1e9;  // a drain does not wait for the cooldown
+    options.session_idle_s = 1e6;
+    auto policy = Make(rule, 3, Topology::kColocated, 0, options);
+    GrowingSession s{1};
+    const PolicyRequest first = s.Next(0, 10);
+    auto p = policy->Place(first, cluster);
+    REQUIRE(p.ok());
+    const WorkerId home = p->instance;
+    policy->OnFinished(first, *p, cluster);
+    cluster.down.assign(3, false);
+    cluster.drain.assign(3, false);
+    cluster.down[home] = cluster.drain[home] = true;
+    cluster.load((home + 1) % 3).pending_prefill_tokens = 500;  // the other one is lighter
+    const WorkerId lighter = (home + 2) % 3;
+    auto next = policy->Place(s.Next(1, 2), cluster);
+    REQUIRE(next.ok());
+    CHECK(next->instance == (rule == AffinityRule::kEar ? lighter : next->instance));
+    CHECK(next->instance != home);
+    if (rule == AffinityRule::kEar) {
+      CHECK(next->migrate_from == home);
+      CHECK(next->estimated_hit_tokens == first.input_tokens);  // the move brings the context
+      CHECK(policy->migrations() == 1);
+    } else {
+      CHECK(next->migrate_from == kNoWorker);
+    }
+  }
+}
+
 TEST_CASE("affinity policies on P/D: prefill workers that are not routable take nothing",
           "[policy][ear][health]") {
   for (AffinityRule rule : {AffinityRule::kLoadOnly, AffinityRule::kEar}) {

@@ -330,6 +330,11 @@ TEST_CASE("load ledger: a drained instance is not routable until resumed; its re
   running->Finish();  // what ran there finishes as usual
   CHECK(l.instance_load(1).running_requests == 0);
   CHECK_FALSE(l.routable(1));
+  CHECK(l.draining(1));  // drained and answering: its KV can still be moved
+  CHECK_FALSE(l.draining(0));
+  for (int i = 0; i < 3; ++i) l.ReportUnavailable(1);
+  CHECK_FALSE(l.draining(1));  // it stopped answering too: nothing to move from
+  l.ReportAnswered(1);
   const absl::Status unknown = l.SetDrained(3, true);
   CHECK(unknown.code() == absl::StatusCode::kInvalidArgument);
   CHECK(absl::StrContains(unknown.message(), "instance 3 is not one of the 3"));

@@ -659,6 +659,19 @@ def run_ear(args, start):
           f"{live_before} -> {debug['live_context_tokens']}")
     print("streamed: a client that left mid-stream; its turn completed and released")
 
+    # Draining an instance that still answers: its session leaves with its KV.
+    drain_prompt = filler(84, 0, 300)
+    r = completion(gateway, "drainee", drain_prompt)
+    x = r["kvc"]["decode_worker"]
+    http(gateway + f"/admin/instances/{x}/drain", {})
+    r = completion(gateway, "drainee", drain_prompt + r["choices"][0]["text"] + filler(84, 1, 60))
+    k = r["kvc"]
+    check(k["decode_worker"] == 1 - x and k["migrated_from"] == x and k["migrated"] and
+          k["mode"] == "direct",
+          f"the drained instance's session moved with its KV: {k}")
+    http(gateway + f"/admin/instances/{x}/resume", {})
+    print("drain: a session on a drained instance moved with its KV")
+
     # A failure after the headers went out is an error event, then [DONE].
     doomed_prompt = filler(81, 0, 300)
     r = completion(gateway, "doomed", doomed_prompt)

@@ -44,10 +44,11 @@
 // workers).
 //
 // Health: a worker the view says is not routable (ClusterView::routable: a
-// gateway's open circuit breaker, LoadLedger's) gets nothing; a session
-// bound to such an instance is placed as if new (its KV cannot be moved
-// off an instance that does not answer), and with no routable worker Place
-// returns Unavailable and changes nothing.
+// gateway's open circuit breaker, LoadLedger's, or a drain) gets nothing; a
+// session bound to such an instance is placed as if new (its KV cannot be
+// moved off an instance that does not answer), except that ear moves the
+// sessions of a draining instance, which still answers, with their KV;
+// with no routable worker Place returns Unavailable and changes nothing.
 //
 // Every decision is deterministic: ties go to the lowest id, and sticky's
 // weights come from a fixed-seed hash.
@@ -323,6 +324,8 @@ enum class MigrationTrigger : uint8_t {
   kHotPrefill,
   // The live contexts bound to the instance exceed its KV capacity.
   kMemory,
+  // An operator drains the bound instance (ClusterView::draining).
+  kDrain,
 };
 
 // A decision to move one session's KV between instances before its next
@@ -407,7 +410,7 @@ class AffinityPolicy final : public RoutingPolicy {
             options_.block_tokens);
     if (migrate_from != kNoWorker) estimate_.ForgetSession(migrate_from, session);
     if (const WorkerId bound = binding(session);
-        bound != kNoWorker && bound != chosen && !up_[bound]) {
+        bound != kNoWorker && bound != chosen && !up_[bound] && bound != migrate_from) {
       // Placed anew because its instance is not routable: whatever that
       // instance held of it is not counted on when it comes back, and turns
       // still running there no longer count as this binding's (their
@@ -546,13 +549,34 @@ class AffinityPolicy final : public RoutingPolicy {
     if (it == bindings_.end()) return std::nullopt;
     const Binding& b = it->second;
     if (b.in_flight > 0 || b.instance >= options_.instances) return std::nullopt;
-    // An instance that does not answer cannot hand its KV over (Place then
-    // places the session anew).
-    if (!routable(b.instance)) return std::nullopt;
+    const uint64_t capacity = options_.kv_capacity_tokens;
+    if (!routable(b.instance)) {
+      // A drained instance still answers: its sessions leave with their KV
+      // for the lightest routable instance with room (the cooldown does not
+      // apply; nothing moves back to a drained instance). One that does not
+      // answer cannot hand its KV over: Place places the session anew.
+      if (!cluster.draining(b.instance)) return std::nullopt;
+      const uint64_t need = std::max(request.input_tokens, b.context_tokens);
+      WorkerId best = kNoWorker;
+      InstanceLoad best_load;
+      for (WorkerId d = 0; d < options_.instances; ++d) {
+        if (d == b.instance || !routable(d)) continue;
+        if (capacity > 0 && committed_[d] + need > capacity) continue;
+        const InstanceLoad load = cluster.instance_load(d);
+        if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
+            (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
+             load.running_requests < best_load.running_requests)) {
+          best = d;
+          best_load = load;
+        }
+      }
+      if (best == kNoWorker) return std::nullopt;
+      return MigrationPlan{request.request.session, b.instance, best, b.context_tokens,
+                           MigrationTrigger::kDrain};
+    }
     const double now = cluster.now_s();
     if (now - b.migrated_at_s < options_.migration_cooldown_s) return std::nullopt;
     const InstanceLoad home = cluster.instance_load(b.instance);
-    const uint64_t capacity = options_.kv_capacity_tokens;
     const bool prefill_hot = home.pending_prefill_tokens > options_.hot_prefill_tokens;
     const bool memory_hot =
         options_.memory_trigger && capacity > 0 && committed_[b.instance] > capacity;
@@ -755,7 +779,7 @@ class AffinityPolicy final : public RoutingPolicy {
     for (WorkerId d = 0; d < options_.instances; ++d) {
       // An instance that stopped answering may come back with an empty
       // cache (a restart): what the estimate held of it is not counted on.
-      if (up_[d] && !read_up_[d]) estimate_.ForgetWorker(d);
+      if (up_[d] && !read_up_[d] && !cluster.draining(d)) estimate_.ForgetWorker(d);
     }
     for (WorkerId p = 0; p < options_.prefill_workers; ++p) {
       if (prefill_up_[p] && !read_prefill_up_[p]) prefill_estimate_.ForgetWorker(p);

@@ -254,6 +254,13 @@ class LoadLedger final : public ClusterView {
     absl::MutexLock lock(&mu_);
     return instance < drained_.size() && drained_[instance];
   }
+  // Drained and still answering (its breaker closed): its KV can be moved.
+  bool draining(WorkerId instance) const override {
+    const absl::Time now = AsTime(clock_());
+    absl::MutexLock lock(&mu_);
+    return instance < drained_.size() && drained_[instance] &&
+           instance_health_.state(instance, now) == BreakerState::kClosed;
+  }
   bool prefill_routable(WorkerId prefill) const override {
     const absl::Time now = AsTime(clock_());
     absl::MutexLock lock(&mu_);

@@ -145,6 +145,13 @@ class ClusterView {
     (void)prefill;
     return true;
   }
+  // Not routable because an operator drains it, while it still answers:
+  // `ear` moves the sessions bound there off it (their KV with them)
+  // instead of re-prefilling them elsewhere. A view without drains says no.
+  virtual bool draining(WorkerId instance) const {
+    (void)instance;
+    return false;
+  }
 };
 
 // A request as a policy sees it.

@@ -7,7 +7,7 @@
 //    clock it moves, and whose decode workers are real AdmissionControllers
 //    answering the admission RPC; it records which workers were asked.
 //    `down` and `prefill_down` mark workers not routable (as a gateway's
-//    open circuit breaker would).
+//    open circuit breaker would), `drain` instances an operator drains.
 //  * `GrowingSession` builds the PolicyRequests of one session turn by turn:
 //    each turn appends new blocks to the session's chain.
 //
@@ -60,6 +60,7 @@ class FakeCluster final : public policy::ClusterView {
   bool prefill_routable(WorkerId p) const override {
     return p >= prefill_down.size() || !prefill_down[p];
   }
+  bool draining(WorkerId d) const override { return d < drain.size() && drain[d]; }
   absl::StatusOr<AdmitResult> Admit(WorkerId d, const AdmitQuery& query) override {
     asked.push_back(d);
     if (d >= workers_.size()) return absl::NotFoundError("no such worker");
@@ -74,6 +75,9 @@ class FakeCluster final : public policy::ClusterView {
   // Instances (prefill workers) set true here are not routable.
   std::vector<bool> down;
   std::vector<bool> prefill_down;
+  // Instances set true here are draining (set them in `down` too: a
+  // draining instance is not routable, but still answers).
+  std::vector<bool> drain;
   // Workers asked by Admit, in order.
   std::vector<WorkerId> asked;
 
