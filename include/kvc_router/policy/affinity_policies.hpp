@@ -563,9 +563,7 @@ class AffinityPolicy final : public RoutingPolicy {
         if (d == b.instance || !routable(d)) continue;
         if (capacity > 0 && committed_[d] + need > capacity) continue;
         const InstanceLoad load = cluster.instance_load(d);
-        if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
-            (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
-             load.running_requests < best_load.running_requests)) {
+        if (best == kNoWorker || LighterTarget(load, best_load)) {
           best = d;
           best_load = load;
         }
@@ -608,9 +606,7 @@ class AffinityPolicy final : public RoutingPolicy {
       } else if (after > options_.hot_prefill_tokens / 2) {
         continue;
       }
-      if (best == kNoWorker || load.pending_prefill_tokens < best_load.pending_prefill_tokens ||
-          (load.pending_prefill_tokens == best_load.pending_prefill_tokens &&
-           load.running_requests < best_load.running_requests)) {
+      if (best == kNoWorker || LighterTarget(load, best_load)) {
         best = d;
         best_load = load;
       }
@@ -618,6 +614,14 @@ class AffinityPolicy final : public RoutingPolicy {
     if (best == kNoWorker) return std::nullopt;
     return MigrationPlan{request.request.session, b.instance, best, b.context_tokens,
                          memory_hot ? MigrationTrigger::kMemory : MigrationTrigger::kHotPrefill};
+  }
+
+  // A move's target order: fewer pending prefill tokens, then fewer running
+  // requests (then the lower id, by scanning in id order).
+  static bool LighterTarget(const InstanceLoad& a, const InstanceLoad& b) {
+    return a.pending_prefill_tokens < b.pending_prefill_tokens ||
+           (a.pending_prefill_tokens == b.pending_prefill_tokens &&
+            a.running_requests < b.running_requests);
   }
 
  public:
