@@ -908,6 +908,69 @@ TEST_CASE("ear: bad migration options are refused", "[policy][ear]") {
              Catch::Contains("migration_cost"));
 }
 
+TEST_CASE("ear arrival window: a share of the first turn's own prefill, keyed by the input no "
+          "instance caches",
+          "[policy][ear][arrival-window]") {
+  FakeCluster cluster(Topology::kColocated, 0, 2, 100000);
+  auto ear = Make(AffinityRule::kEar, 2);
+  const AffinityPolicyOptions defaults;
+  const DirectCostModel& cost = defaults.migration_cost;
+  GrowingSession first{1};
+  PolicyRequest r = first.Next(0, 1000);  // 16,000 tokens, nothing cached
+  ArrivalOrder order = ear->ArrivalWindow(r, cluster);
+  CHECK(order.key == 16000);
+  CHECK(order.window_s == Approx(defaults.arrival_window_fraction * cost.PrefillSeconds(16000, 0)));
+  CHECK(order.window_s > 0);
+  CHECK(order.window_s < defaults.max_arrival_window_s);
+  // Asking changes nothing: the same answer again, and Place still sees a
+  // new session.
+  CHECK(ear->ArrivalWindow(r, cluster).window_s == order.window_s);
+  REQUIRE(ear->Place(r, cluster).ok());
+  ear->OnFinished(r, *ear->Place(first.Next(1, 0), cluster), cluster);
+
+  SECTION("a fork of a placed session waits for its uncached part only") {
+    GrowingSession fork{2};
+    fork.chain = first.chain;
+    const PolicyRequest f = fork.Next(2, 10);  // 160 new tokens on 16,000 cached
+    const ArrivalOrder o = ear->ArrivalWindow(f, cluster);
+    CHECK(o.key == 160);
+    CHECK(o.window_s ==
+          Approx(defaults.arrival_window_fraction * cost.PrefillSeconds(160, 16000)));
+  }
+  SECTION("a long first prompt waits at most max_arrival_window_s") {
+    GrowingSession huge{3};
+    const ArrivalOrder o = ear->ArrivalWindow(huge.Next(2, 10000), cluster);
+    CHECK(o.key == 160000);
+    CHECK(o.window_s == defaults.max_arrival_window_s);
+  }
+  SECTION("a placed session's turns, other rules and a zero fraction get no window") {
+    GrowingSession again{1};
+    CHECK(ear->ArrivalWindow(again.Next(2, 1000), cluster).window_s == 0);
+    for (AffinityRule rule : {AffinityRule::kLoadOnly, AffinityRule::kLMetric,
+                              AffinityRule::kSticky, AffinityRule::kUnified}) {
+      INFO(AffinityRuleName(rule));
+      GrowingSession fresh{4};
+      CHECK(Make(rule, 2)->ArrivalWindow(fresh.Next(2, 1000), cluster).window_s == 0);
+    }
+    AffinityPolicyOptions off;
+    off.arrival_window_fraction = 0;
+    GrowingSession fresh{4};
+    CHECK(Make(AffinityRule::kEar, 2, Topology::kColocated, 0, off)
+              ->ArrivalWindow(fresh.Next(2, 1000), cluster)
+              .window_s == 0);
+  }
+  SECTION("bad settings are refused, naming them") {
+    AffinityPolicyOptions bad;
+    bad.arrival_window_fraction = 1.5;
+    CHECK_THAT(test::Message(AffinityPolicy::Create(bad).status()),
+               Catch::Contains("arrival_window_fraction"));
+    bad = {};
+    bad.max_arrival_window_s = std::numeric_limits<double>::quiet_NaN();
+    CHECK_THAT(test::Message(AffinityPolicy::Create(bad).status()),
+               Catch::Contains("max_arrival_window_s"));
+  }
+}
+
 // Load control on two instances of 10,000 tokens: with the default
 // fraction 0.8, live contexts plus a new input may fill 16,000 tokens, and an
 // average live context may be at most 4,000 (two per instance's 8,000).

@@ -555,6 +555,12 @@ def run_ear(args, start):
     m = parse_metrics(http(gateway + "/metrics")[1])
     check(m["kvc_held_first_turns_total"] == 2 and m["kvc_hold_queue_length"] == 0,
           "two first turns were held and placed")
+    # Every new session's first turn waited its arrival window (a share of
+    # its prefill, at most --max-arrival-window), shortest first.
+    windowed = m["kvc_arrival_window_first_turns_total"]
+    check(windowed >= 9 and 0 < m["kvc_arrival_window_wait_seconds_total"] <= 0.25 * windowed + 1,
+          f"first turns waited their arrival windows: {windowed}, "
+          f"{m['kvc_arrival_window_wait_seconds_total']} s")
     total = placed + 3 + 5 + 1 + 2
     modes = {x: m[f'kvc_decisions_total{{mode="{x}"}}'] for x in ("direct", "seed", "reseed")}
     check(sum(modes.values()) == total and m['kvc_requests_total{status="ok"}'] == total,

@@ -55,6 +55,7 @@
 #include <exception>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -725,6 +726,15 @@ class AffinityGateway final : public GatewayBase {
     extra += "# HELP kvc_hold_queue_length First turns waiting in that queue now.\n";
     extra += "# TYPE kvc_hold_queue_length gauge\n";
     absl::StrAppend(&extra, "kvc_hold_queue_length ", queue_.size(), "\n");
+    extra += "# HELP kvc_arrival_window_first_turns_total First turns that waited their arrival "
+             "window for shorter first turns arriving with them.\n";
+    extra += "# TYPE kvc_arrival_window_first_turns_total counter\n";
+    absl::StrAppend(&extra, "kvc_arrival_window_first_turns_total ", window_turns_, "\n");
+    extra += "# HELP kvc_arrival_window_wait_seconds_total Time first turns spent in their "
+             "arrival windows.\n";
+    extra += "# TYPE kvc_arrival_window_wait_seconds_total counter\n";
+    absl::StrAppend(&extra, "kvc_arrival_window_wait_seconds_total ",
+                    absl::StrFormat("%.6f", window_wait_s_), "\n");
     extra += "# HELP kvc_live_context_tokens Context tokens of the sessions the policy counts "
              "as live.\n";
     extra += "# TYPE kvc_live_context_tokens gauge\n";
@@ -932,9 +942,11 @@ class AffinityGateway final : public GatewayBase {
   }
 
  private:
-  // Load control: queues a first turn, oldest first, until the policy lets
-  // it in; rechecked when a request finishes, a session closes or every
-  // kHoldRecheckSeconds. Returns the seconds it waited; Cancelled when its
+  // A new session's first turn waits its arrival window for shorter first
+  // turns arriving with it (RoutingPolicy::ArrivalWindow), then load
+  // control queues it, oldest first, until the policy lets it in; rechecked
+  // when a request finishes, a session closes or every kHoldRecheckSeconds.
+  // Returns the seconds it waited in load control; Cancelled when its
   // session was closed meanwhile or its client went away (a streamed turn
   // hears of it at the keep-alive it sends each kHoldRecheckSeconds, written
   // outside the lock), ResourceExhausted when the queue is full (each
@@ -942,29 +954,56 @@ class AffinityGateway final : public GatewayBase {
   absl::StatusOr<double> WaitForRoom(std::unique_lock<std::mutex>& lock,
                                      const policy::PolicyRequest& request,
                                      const std::atomic<bool>& cancel, Reply& reply) {
-    if (queue_.size() >= max_queued_) {
+    if (queue_.size() + arrivals_.size() >= max_queued_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the load-control queue is full (", queue_.size(), " first turns wait); retry later"));
+          "the load-control queue is full (", queue_.size() + arrivals_.size(),
+          " first turns wait); retry later"));
     }
-    const double arrived_s = ledger_->now_s();
     const uint64_t position = next_position_++;
-    queue_.push_back(position);
-    // Leaves the queue on every path (placed, cancelled, or unwinding).
+    // Leaves the window and the queue on every path (placed, cancelled, or
+    // unwinding).
     absl::Cleanup leave = [&] {
-      queue_.erase(std::find(queue_.begin(), queue_.end(), position));
+      if (!queue_.empty() && queue_.front() == position) queue_front_held_ = false;
+      std::erase_if(arrivals_, [&](const WaitingArrival& a) { return a.position == position; });
+      std::erase(queue_, position);
       queue_cv_.notify_all();
     };
-    bool held = false;  // by the policy, or behind a turn it held
+    const policy::ArrivalOrder order = policy_->ArrivalWindow(request, *ledger_);
+    const double window_start_s = ledger_->now_s();
+    if (order.window_s > 0) {
+      arrivals_.push_back(WaitingArrival{position, order.key, window_start_s + order.window_s});
+      while (true) {
+        if (cancel) {
+          return absl::CancelledError("the session was closed while its first turn waited");
+        }
+        ReleaseArrivals(-std::numeric_limits<double>::infinity());
+        if (std::find(queue_.begin(), queue_.end(), position) != queue_.end()) break;
+        double next_s = std::numeric_limits<double>::infinity();
+        for (const WaitingArrival& a : arrivals_) next_s = std::min(next_s, a.deadline_s);
+        queue_cv_.wait_for(lock, std::chrono::duration<double>(std::clamp(
+                                     next_s - ledger_->now_s(), 0.0, policy::kHoldRecheckSeconds)));
+      }
+      ++window_turns_;
+      window_wait_s_ += ledger_->now_s() - window_start_s;
+    } else {
+      ReleaseArrivals(order.key);  // a turn that does not wait passes those shorter than it
+      queue_.push_back(position);
+    }
+    const double arrived_s = ledger_->now_s();
+    // Held by the policy, or behind a turn it held (not merely behind one
+    // released from its window a moment earlier).
+    bool held = false;
     const auto recheck = std::chrono::duration<double>(policy::kHoldRecheckSeconds);
     auto last_sign = std::chrono::steady_clock::now();
     while (true) {
       if (cancel) {
         return absl::CancelledError("the session was closed while its first turn waited");
       }
-      if (queue_.front() == position && !policy_->HoldNewSession(request, *ledger_, arrived_s)) {
-        break;
+      if (queue_.front() == position) {
+        queue_front_held_ = policy_->HoldNewSession(request, *ledger_, arrived_s);
+        if (!queue_front_held_) break;
       }
-      held = true;
+      held = held || queue_front_held_;
       queue_cv_.wait_for(lock, recheck);
       if (reply.streams() && std::chrono::steady_clock::now() - last_sign >= recheck) {
         last_sign = std::chrono::steady_clock::now();
@@ -988,6 +1027,27 @@ class AffinityGateway final : public GatewayBase {
     return held ? waited : 0.0;
   }
 
+  // Moves the first turns waiting their arrival windows whose key is at
+  // most `key`, or at most that of any whose window has ended, to the
+  // load-control queue, smallest key first.
+  void ReleaseArrivals(double key) {
+    const double now_s = ledger_->now_s();
+    for (const WaitingArrival& a : arrivals_) {
+      if (a.deadline_s <= now_s) key = std::max(key, a.key);
+    }
+    std::vector<WaitingArrival> released;
+    std::erase_if(arrivals_, [&](const WaitingArrival& a) {
+      if (a.key > key) return false;
+      released.push_back(a);
+      return true;
+    });
+    if (released.empty()) return;
+    std::stable_sort(released.begin(), released.end(),
+                     [](const WaitingArrival& x, const WaitingArrival& y) { return x.key < y.key; });
+    for (const WaitingArrival& a : released) queue_.push_back(a.position);
+    queue_cv_.notify_all();
+  }
+
   // Guards the policy (not thread-safe) and everything below the ledger.
   // std:: primitives rather than absl::CondVar, which the project's TSan
   // build cannot see through (tests/tsan/absl_mutex_tsan_annotations.cpp).
@@ -996,6 +1056,16 @@ class AffinityGateway final : public GatewayBase {
   std::unique_ptr<policy::AffinityPolicy> policy_;
   std::unique_ptr<policy::LoadLedger> ledger_;  // thread-safe on its own
   std::deque<uint64_t> queue_;                  // first turns waiting, oldest first
+  // First turns in their arrival windows (RoutingPolicy::ArrivalWindow).
+  struct WaitingArrival {
+    uint64_t position = 0;
+    double key = 0;
+    double deadline_s = 0;
+  };
+  std::vector<WaitingArrival> arrivals_;
+  bool queue_front_held_ = false;  // the policy holds the turn at the queue's front
+  uint64_t window_turns_ = 0;
+  double window_wait_s_ = 0;
   uint64_t next_position_ = 0;
   uint64_t next_request_id_ = 0;
   uint64_t held_turns_ = 0;
@@ -1061,6 +1131,13 @@ int main(int argc, char** argv) {
                  "ear: share of the cluster's KV the live contexts may fill")
       ->capture_default_str();
   app.add_option("--max-hold", affinity.max_hold_s, "ear: longest wait of a first turn, seconds")
+      ->capture_default_str();
+  app.add_option("--arrival-window-fraction", affinity.arrival_window_fraction,
+                 "ear: a new session's first turn waits up to this share of its estimated prefill "
+                 "time for shorter first turns arriving with it, which go first (0 = off)")
+      ->capture_default_str();
+  app.add_option("--max-arrival-window", affinity.max_arrival_window_s,
+                 "ear: longest such wait, seconds")
       ->capture_default_str();
   size_t max_queued = 192;
   app.add_option("--max-queued-sessions", max_queued,

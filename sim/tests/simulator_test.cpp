@@ -807,6 +807,113 @@ TEST_CASE("simulator: ear with sessions started together never holds, so load co
   }
 }
 
+// Shortest first among arrivals (RoutingPolicy::ArrivalWindow): every first
+// turn may wait 10 us per input token, keyed by its input; records what
+// reaches Place and when.
+class WindowPerToken final : public policy::RoutingPolicy {
+ public:
+  explicit WindowPerToken(policy::RoutingPolicy& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  policy::Topology topology() const override { return inner_.topology(); }
+  absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
+                                          policy::ClusterView& cluster) override {
+    placed_.emplace_back(request.request.session, request.request.turn);
+    placed_at_.push_back(cluster.now_s());
+    return inner_.Place(request, cluster);
+  }
+  void OnFinished(const policy::PolicyRequest& request, const policy::Placement& placement,
+                  policy::ClusterView& cluster) override {
+    inner_.OnFinished(request, placement, cluster);
+  }
+  policy::ArrivalOrder ArrivalWindow(const policy::PolicyRequest& request,
+                                     const policy::ClusterView& cluster) override {
+    (void)cluster;
+    const auto tokens = static_cast<double>(request.input_tokens);
+    // Session 3 ("d") does not wait.
+    return {request.request.session == 3 ? 0.0 : tokens * 1e-5, tokens};
+  }
+  std::vector<std::pair<SessionId, uint32_t>> placed_;
+  std::vector<double> placed_at_;
+
+ private:
+  policy::RoutingPolicy& inner_;
+};
+
+TEST_CASE("simulator: first turns arriving together are placed shortest first, each within "
+          "its window",
+          "[sim][arrival-window]") {
+  // Open loop: a (30,000 tokens), b (1,000) and c (5,000) within 2 ms; d
+  // (20,000, no window) at 0.2 s; e (40,000) at 1 s, whose second turn comes
+  // 50 ms later, inside e's window.
+  const Trace trace = ParseMultiturnText(
+      R"({"session_id":"a","input_length":30000,"output_length":20,"timestamp":0})" "\n"
+      R"({"session_id":"b","input_length":1000,"output_length":20,"timestamp":1})" "\n"
+      R"({"session_id":"c","input_length":5000,"output_length":20,"timestamp":2})" "\n"
+      R"({"session_id":"d","input_length":20000,"output_length":20,"timestamp":200})" "\n"
+      R"({"session_id":"e","input_length":40000,"output_length":20,"timestamp":1000})" "\n"
+      R"({"session_id":"e","input_length":300,"output_length":20,"delay":50})" "\n");
+  SimConfig config;
+  config.loop = LoopMode::kOpen;
+  absl::StatusOr<MadePolicy> made = MakePolicy("dp", SetupFor(config, trace));
+  REQUIRE(made.ok());
+  WindowPerToken windowed(*made->policy);
+  std::vector<RequestRecord> records;
+  config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
+  auto result = Simulator::Run(trace, windowed, config, made->engine);
+  REQUIRE(result.ok());
+  // b's window ends at 0.011 s, c's at 0.052 s; d passes a (longer); a's
+  // ends at 0.3 s. e's second turn releases e's first at once, ahead of it.
+  const std::vector<std::pair<SessionId, uint32_t>> order = {{1, 0}, {2, 0}, {3, 0},
+                                                             {0, 0}, {4, 0}, {4, 1}};
+  CHECK(windowed.placed_ == order);
+  const std::vector<double> at = {0.011, 0.052, 0.2, 0.3, 1.05, 1.05};
+  REQUIRE(windowed.placed_at_.size() == at.size());
+  for (size_t i = 0; i < at.size(); ++i) CHECK(windowed.placed_at_[i] == Approx(at[i]));
+  // The window is part of TTFT; load control held nothing.
+  for (const RequestRecord& r : records) CHECK(r.first_token_s - r.issue_s > r.placed_s - r.issue_s);
+  CHECK(result->held_turns == 0);
+  CHECK(result->arrival_window_turns == 4);  // a, b, c, e
+  CHECK(result->arrival_window_wait_s.max == Approx(0.3));
+}
+
+TEST_CASE("simulator: ear places claude-code sessions started together shortest first",
+          "[sim][arrival-window]") {
+  SyntheticConfig c = SyntheticConfig::ClaudeCode();
+  c.sessions = 16;
+  c.requests = 16 * 4;
+  c.session_interarrival_s = 0;
+  c.seed = 3;
+  auto trace = GenerateSynthetic(c);
+  REQUIRE(trace.ok());
+  SimConfig config;
+  config.concurrency = 16;
+  std::vector<RequestRecord> records;
+  config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
+  PolicySetup setup = SetupFor(config, *trace);
+  const PolicyResult on = Replay(*trace, "ear", config, setup);
+  std::vector<RequestRecord> first;
+  for (const RequestRecord& r : records) {
+    if (trace->turns[r.turn].turn == 0) first.push_back(r);
+  }
+  REQUIRE(first.size() == 16);
+  std::sort(first.begin(), first.end(),
+            [](const RequestRecord& x, const RequestRecord& y) { return x.placed_s < y.placed_s; });
+  // Nothing is cached anywhere before the first placement, so every key is
+  // the whole input: placed in input order, all within max_arrival_window_s.
+  for (size_t i = 1; i < first.size(); ++i) {
+    INFO("placement " << i);
+    CHECK(trace->turns[first[i - 1].turn].input_tokens <= trace->turns[first[i].turn].input_tokens);
+  }
+  CHECK(on.arrival_window_turns == 16);
+  CHECK(on.arrival_window_wait_s.max <= setup.affinity.max_arrival_window_s + 1e-12);
+  CHECK(on.held_turns == 0);
+  records.clear();
+  setup.affinity.arrival_window_fraction = 0;
+  const PolicyResult off = Replay(*trace, "ear", config, setup);
+  CHECK(off.arrival_window_turns == 0);
+  for (const RequestRecord& r : records) CHECK(r.placed_s == r.issue_s);
+}
+
 TEST_CASE("simulator: nothing waits at the gateway unless the policy holds",
           "[sim][load-control]") {
   const Trace trace = SmallSynthetic(6, 12, 240, 1);
@@ -835,6 +942,8 @@ TEST_CASE("simulator: ear's load control keeps an overloaded cluster's contexts 
   config.cluster.prefill_workers = 2;
   config.cluster.decode_workers = 2;
   PolicySetup setup = SetupFor(config, *trace);
+  // Load control alone: no first turn waits an arrival window too.
+  setup.affinity.arrival_window_fraction = 0;
   std::vector<RequestRecord> records;
   config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
   const PolicyResult held = Replay(*trace, "ear", config, setup);

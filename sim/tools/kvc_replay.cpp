@@ -432,6 +432,13 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
   AddNumber(app, "--max-hold", af.max_hold_s,
             "ear: seconds a first turn may wait at the gateway before it is placed anyway")
       ->group(pol);
+  AddNumber(app, "--arrival-window-fraction", af.arrival_window_fraction,
+            "ear: a new session's first turn waits up to this share of its own prefill time "
+            "for shorter first turns arriving with it, which go first (0 = off; in [0, 1])")
+      ->group(pol);
+  AddNumber(app, "--max-arrival-window", af.max_arrival_window_s,
+            "ear: longest such wait, seconds")
+      ->group(pol);
   AddNumber(app, "--session-idle", af.session_idle_s,
             "ear: seconds after which an idle session stops counting against its instance's memory",
             Sign::kPositive)
@@ -776,7 +783,7 @@ int Run(int argc, char** argv) {
     request_rows =
         "policy,session,turn,issue_s,first_token_s,ttft_s,finish_s,instance,mode,refused,"
         "input_tokens,reusable_tokens,output_tokens,cached_tokens,placed_s,gateway_wait_s,"
-        "ttft_floor_s\n";
+        "ttft_floor_s,window_wait_s\n";
   }
   for (size_t i = 0; i < made.size(); ++i) {
     const std::string& name = o.policies[i];
@@ -807,13 +814,13 @@ int Run(int argc, char** argv) {
         const std::string ttft =
             r.refused ? "" : absl::StrFormat("%.6f", r.first_token_s - r.issue_s);
         absl::StrAppendFormat(
-            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f,%.9f,%.6f\n", name,
+            &request_rows, "%s,%d,%d,%.6f,%s,%s,%.6f,%d,%s,%d,%d,%d,%d,%d,%.6f,%.9f,%.6f,%.9f\n", name,
             r.session,
             turn.turn, r.issue_s, first_token, ttft, r.finish_s,
             r.instance == kvc_router::kNoWorker ? -1 : static_cast<int64_t>(r.instance),
             kvc_router::DecisionModeName(r.mode), r.refused ? 1 : 0, turn.input_tokens,
             turn.reusable_tokens, turn.output_tokens, r.cached_tokens, r.placed_s,
-            r.placed_s - r.issue_s, ttft_floor[r.turn]);
+            r.placed_s - r.issue_s, ttft_floor[r.turn], r.queued_s - r.issue_s);
       };
     }
     absl::StatusOr<sim::PolicyResult> result =

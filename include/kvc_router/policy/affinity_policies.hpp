@@ -192,6 +192,17 @@ struct AffinityPolicyOptions {
   double hold_memory_fraction = 0.8;
   double hold_min_return_rate = 0.5;
   double max_hold_s = 600;
+  // ear: shortest first among new sessions that arrive together
+  // (RoutingPolicy::ArrivalWindow). A first turn may wait at the gateway up
+  // to arrival_window_fraction of its own estimated prefill time (the
+  // migration_cost figures, for the input no instance is estimated to
+  // cache), at most max_arrival_window_s, for shorter first turns arriving
+  // with it. The wait costs a new session at most that fraction of its TTFT
+  // when nothing else arrives; when a batch of agents starts together, each
+  // short first prompt is placed, and prefilled, before the long ones
+  // instead of behind whichever of them arrived a moment earlier. 0 = off.
+  double arrival_window_fraction = 0.02;
+  double max_arrival_window_s = 0.25;
   // KV tokens per instance that keep a context reusable without recompute:
   // the GPU pool plus any host-memory tier (SGLang's HiCache, LMCache).
   // 0 = kv_capacity_tokens.
@@ -262,6 +273,13 @@ struct AffinityPolicyOptions {
     if (!(max_hold_s >= 0) || !std::isfinite(max_hold_s)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "AffinityPolicyOptions.max_hold_s must be finite and >= 0, got ", max_hold_s));
+    }
+    if (!(arrival_window_fraction >= 0 && arrival_window_fraction <= 1) ||
+        !(max_arrival_window_s >= 0) || !std::isfinite(max_arrival_window_s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AffinityPolicyOptions: arrival_window_fraction must be in [0, 1] and "
+          "max_arrival_window_s finite and >= 0 (got ",
+          arrival_window_fraction, " and ", max_arrival_window_s, ")"));
     }
     if (reusable_capacity_tokens != 0 && reusable_capacity_tokens < kv_capacity_tokens) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -506,6 +524,28 @@ class AffinityPolicy final : public RoutingPolicy {
     const double input = static_cast<double>(request.input_tokens);
     // An input beyond the limit on its own would wait for an empty cluster.
     return input <= limit && live + input > limit;
+  }
+
+  // ear: shortest first among new sessions arriving together (see
+  // AffinityPolicyOptions::arrival_window_fraction). The key is the input
+  // no instance is estimated to cache, the prefill the turn needs at best;
+  // sessions already placed, and the other rules, get no window.
+  ArrivalOrder ArrivalWindow(const PolicyRequest& request, const ClusterView& cluster) override {
+    (void)cluster;
+    if (options_.rule != AffinityRule::kEar || options_.arrival_window_fraction == 0 ||
+        request.request.turn != 0 || bindings_.contains(request.request.session) ||
+        request.input_tokens > kMaxCapacityTokens) {
+      return {};
+    }
+    estimate_.OverlapOfChain(request.input_hashes, overlap_);
+    const uint64_t cached = std::min<uint64_t>(
+        request.input_tokens,
+        uint64_t{*std::max_element(overlap_.begin(), overlap_.end())} * options_.block_tokens);
+    const uint64_t uncached = request.input_tokens - cached;
+    const double prefill_s = options_.migration_cost.PrefillSeconds(uncached, cached);
+    return ArrivalOrder{
+        std::min(options_.max_arrival_window_s, options_.arrival_window_fraction * prefill_s),
+        static_cast<double>(uncached)};
   }
 
   // ear's migration step for the next turn of `request`'s session, without

@@ -240,6 +240,16 @@ struct BackupPlan {
 // finishes or closes meanwhile (RoutingPolicy::HoldNewSession).
 inline constexpr double kHoldRecheckSeconds = 1.0;
 
+// How a gateway orders new sessions that reach it together (a harness
+// starting a batch of agents at once), from RoutingPolicy::ArrivalWindow.
+struct ArrivalOrder {
+  // How long the first turn may wait after it arrived for shorter first
+  // turns arriving with it; 0 = it goes on at once.
+  double window_s = 0;
+  // Among first turns waiting together, the smaller key goes first.
+  double key = 0;
+};
+
 class RoutingPolicy {
  public:
   virtual ~RoutingPolicy() = default;
@@ -290,6 +300,22 @@ class RoutingPolicy {
     (void)cluster;
     (void)arrived_s;
     return false;
+  }
+  // Shortest first among new sessions that arrive together, asked once when
+  // a session's first turn reaches the gateway, before load control. The
+  // gateway keeps the turn waiting up to window_s; when the window of a
+  // waiting turn ends, that turn and every waiting turn with a key no larger
+  // go on to load control (HoldNewSession), smallest key first. Every turn
+  // goes on within its own window, so none waits behind shorter ones for
+  // longer than that. Engines prefill in arrival order: a batch of first
+  // prompts that reaches them longest first keeps every short one waiting
+  // behind a long one, while shortest first lets each short prompt finish
+  // before the long ones start (the shortest-processing-time rule, which
+  // minimizes the mean wait of a batch on one server).
+  virtual ArrivalOrder ArrivalWindow(const PolicyRequest& request, const ClusterView& cluster) {
+    (void)request;
+    (void)cluster;
+    return {};
   }
 };
 

@@ -113,6 +113,10 @@ struct PolicyResult {
   // when none waited).
   uint64_t held_turns = 0;
   Summary hold_wait_s;
+  // First turns that waited their arrival window for shorter ones
+  // (RoutingPolicy::ArrivalWindow), and how long (in their TTFT too).
+  uint64_t arrival_window_turns = 0;
+  Summary arrival_window_wait_s;
   // Largest KV use seen on any instance, and the budget floor(rho*K_d).
   uint64_t peak_used_tokens = 0;
   uint64_t budget_tokens = 0;

@@ -209,6 +209,8 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["memory_waits"] = p.memory_waits;
   j["held_turns"] = p.held_turns;
   j["hold_wait_s"] = JsonSummary(p.hold_wait_s);
+  j["arrival_window_turns"] = p.arrival_window_turns;
+  j["arrival_window_wait_s"] = JsonSummary(p.arrival_window_wait_s);
   j["refused_oversize"] = p.refused_oversize;
   j["tokens"] = {{"input", p.input_tokens},
                  {"output", p.output_tokens},

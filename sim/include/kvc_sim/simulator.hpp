@@ -15,7 +15,10 @@
 // nominal arrival time instead.
 //
 // A request's life:
-//   arrival -> the gateway's FIFO queue, which the policy's load control
+//   arrival -> a new session's first turn may wait its arrival window for
+//        shorter first turns arriving with it (RoutingPolicy::ArrivalWindow:
+//        shortest first among sessions that start together)
+//     -> the gateway's FIFO queue, which the policy's load control
 //        (RoutingPolicy::HoldNewSession) may hold at a session's first turn
 //        (empty at once for policies that never hold)
 //     -> Place (the policy; admission RPCs cost admit_rpc_s each)
@@ -108,8 +111,11 @@ struct RequestRecord {
   uint32_t turn = 0;     // index into Trace::turns
   uint32_t session = 0;  // index into Trace::sessions
   double issue_s = 0;
-  // When the gateway placed it: after issue_s only if load control held it
-  // or a turn ahead of it (RoutingPolicy::HoldNewSession).
+  // When its arrival window ended (RoutingPolicy::ArrivalWindow; issue_s
+  // when it had none), and when the gateway placed it: after queued_s only
+  // if load control held it or a turn ahead of it
+  // (RoutingPolicy::HoldNewSession).
+  double queued_s = 0;
   double placed_s = 0;
   double first_token_s = 0;  // NaN when refused
   double finish_s = 0;       // when it finished or was refused
@@ -287,6 +293,7 @@ class Simulator final : public policy::ClusterView {
     kBackupDone,    // index: backup job
     kCrash,         // injected fault; index unused
     kHoldCheck,     // the oldest held turn is asked about again; index unused
+    kArrivalWindow,  // an arrival window may have ended; index unused
   };
   struct EventPayload {
     EventType type = EventType::kArrival;
@@ -300,6 +307,7 @@ class Simulator final : public policy::ClusterView {
     policy::PolicyRequest request;
     policy::Placement placement;
     double issue_s = 0;
+    double queued_s = 0;
     double placed_s = 0;
     double ready_s = 0;
     // Tokens the serving instance held for this request when it was booked.
@@ -449,6 +457,10 @@ class Simulator final : public policy::ClusterView {
           hold_check_pending_ = false;
           PlaceQueued();
           break;
+        case EventType::kArrivalWindow:
+          arrival_check_s_ = std::numeric_limits<double>::infinity();
+          ReleaseArrivals(-std::numeric_limits<double>::infinity());
+          break;
       }
       if (!failure_.ok()) return failure_;
       RescheduleGpus();
@@ -532,13 +544,72 @@ class Simulator final : public policy::ClusterView {
     const TraceTurn& t = trace_.turns[turn_index];
     AccumulateAreas(now_);
     ++in_flight_;
+    if (t.turn == 0 && queued_of_session_[t.session] == 0) {
+      const policy::ArrivalOrder order =
+          policy_.ArrivalWindow(MakePolicyRequest(turn_index), *this);
+      if (order.window_s > 0) {
+        arrivals_.push_back(WaitingArrival{turn_index, now_, now_ + order.window_s, order.key});
+        ++queued_of_session_[t.session];
+        ScheduleArrivalWindow();
+        return;
+      }
+      // A turn that does not wait passes those shorter than it.
+      ReleaseArrivals(order.key);
+    }
+    if (queued_of_session_[t.session] > 0) ReleaseArrivalOf(t.session);
     if (t.turn == 0 || queued_of_session_[t.session] > 0) {
-      gateway_queue_.push_back(QueuedTurn{turn_index, now_});
+      gateway_queue_.push_back(QueuedTurn{turn_index, now_, now_});
       ++queued_of_session_[t.session];
       PlaceQueued();
       return;
     }
-    Place(turn_index, now_);
+    Place(turn_index, now_, now_);
+  }
+
+  // Moves the waiting first turns whose key is at most `key`, or at most
+  // that of any whose window has ended, to the gateway queue, smallest key
+  // first (RoutingPolicy::ArrivalWindow), and places what it can.
+  void ReleaseArrivals(double key) {
+    for (const WaitingArrival& a : arrivals_) {
+      if (a.deadline_s <= now_) key = std::max(key, a.key);
+    }
+    std::vector<WaitingArrival> released;
+    std::erase_if(arrivals_, [&](const WaitingArrival& a) {
+      if (a.key > key) return false;
+      released.push_back(a);
+      return true;
+    });
+    if (released.empty()) return;
+    std::stable_sort(released.begin(), released.end(),
+                     [](const WaitingArrival& x, const WaitingArrival& y) { return x.key < y.key; });
+    for (const WaitingArrival& a : released) {
+      // Counted in queued_of_session_ since it arrived.
+      gateway_queue_.push_back(QueuedTurn{a.turn, a.arrived_s, now_});
+      ++result_.arrival_window_turns;
+      arrival_waits_.push_back(now_ - a.arrived_s);
+    }
+    ScheduleArrivalWindow();
+    PlaceQueued();
+  }
+
+  // A later turn of a session whose first turn still waits its window (an
+  // open-loop trace): the first turn goes now, with those shorter than it.
+  void ReleaseArrivalOf(uint32_t session) {
+    for (const WaitingArrival& a : arrivals_) {
+      if (trace_.turns[a.turn].session == session) {
+        ReleaseArrivals(a.key);
+        return;
+      }
+    }
+  }
+
+  void ScheduleArrivalWindow() {
+    double next = std::numeric_limits<double>::infinity();
+    for (const WaitingArrival& a : arrivals_) next = std::min(next, a.deadline_s);
+    if (next < arrival_check_s_) {
+      arrival_check_s_ = next;
+      queue_.Push(next, EventPayload{EventType::kArrivalWindow, 0, 0});
+    }
   }
 
   // Places queued turns, oldest first, until the policy holds one.
@@ -568,11 +639,11 @@ class Simulator final : public policy::ClusterView {
       const QueuedTurn placed = q;
       gateway_queue_.pop_front();
       --queued_of_session_[t.session];
-      if (now_ > placed.arrived_s) {
+      if (now_ > placed.queued_s) {
         ++result_.held_turns;
-        hold_waits_.push_back(now_ - placed.arrived_s);
+        hold_waits_.push_back(now_ - placed.queued_s);
       }
-      Place(placed.turn, placed.arrived_s);
+      Place(placed.turn, placed.arrived_s, placed.queued_s);
     }
     placing_queued_ = false;
   }
@@ -589,13 +660,14 @@ class Simulator final : public policy::ClusterView {
   }
 
   // Hands a turn that arrived at `issue_s` to the policy now.
-  void Place(uint32_t turn_index, double issue_s) {
+  void Place(uint32_t turn_index, double issue_s, double queued_s) {
     const TraceTurn& t = trace_.turns[turn_index];
     const uint32_t slot = AllocFlight();
     Flight& f = flights_[slot];
     f = Flight{};
     f.turn = turn_index;
     f.issue_s = issue_s;
+    f.queued_s = queued_s;
     f.placed_s = now_;
     f.request = MakePolicyRequest(turn_index);
 
@@ -814,6 +886,7 @@ class Simulator final : public policy::ClusterView {
       record.turn = f.turn;
       record.session = t.session;
       record.issue_s = f.issue_s;
+      record.queued_s = f.queued_s;
       record.placed_s = f.placed_s;
       record.first_token_s = f.issue_s + ttft_[f.turn];
       record.finish_s = now_;
@@ -1159,6 +1232,7 @@ class Simulator final : public policy::ClusterView {
     }
     result_.ttft_s = Summary::Of(ttft);
     result_.hold_wait_s = Summary::Of(hold_waits_);
+    result_.arrival_window_wait_s = Summary::Of(arrival_waits_);
     result_.e2e_s = Summary::Of(e2e);
     result_.ttft_sorted_s = std::move(ttft);
     for (int m = 0; m < kNumDecisionModes; ++m) result_.ttft_by_mode_s[m] = Summary::Of(by_mode[m]);
@@ -1206,12 +1280,25 @@ class Simulator final : public policy::ClusterView {
   struct QueuedTurn {
     uint32_t turn = 0;
     double arrived_s = 0;
+    double queued_s = 0;  // after any arrival window
   };
   std::deque<QueuedTurn> gateway_queue_;
+  // New sessions' first turns waiting their arrival windows, in arrival
+  // order (RoutingPolicy::ArrivalWindow).
+  struct WaitingArrival {
+    uint32_t turn = 0;
+    double arrived_s = 0;
+    double deadline_s = 0;
+    double key = 0;
+  };
+  std::vector<WaitingArrival> arrivals_;
+  // When the next kArrivalWindow event is due (infinity: none pending).
+  double arrival_check_s_ = std::numeric_limits<double>::infinity();
   std::vector<uint32_t> queued_of_session_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
   bool placing_queued_ = false;
   bool hold_check_pending_ = false;
   std::vector<double> hold_waits_;
+  std::vector<double> arrival_waits_;
   uint64_t sessions_active_ = 0;
   double last_change_s_ = 0;
   double in_flight_area_ = 0;
