@@ -15,8 +15,10 @@
 // --policy ear (recommended; also unified, sticky, lmetric, load-only):
 // colocated instances that keep each session's KV in their own cache, as
 // SGLang's radix cache does. Loads come from a LoadLedger of what this
-// gateway sent; first turns wait in a FIFO queue while ear holds them
-// (load control); a placement that moves a session first asks the target
+// gateway sent; a new session's first turn waits up to its arrival window
+// (2% of its estimated prefill) for shorter first turns arriving with it,
+// which go first, then in a FIFO queue while ear holds it (load control);
+// a placement that moves a session first asks the target
 // to pull the session's KV from its old instance (/migrate_kv). An
 // instance that stops answering (3 calls with no answer within 10 s) is
 // left alone for 5 s, then probed with one turn: while its breaker is open
@@ -726,6 +728,9 @@ class AffinityGateway final : public GatewayBase {
     extra += "# HELP kvc_hold_queue_length First turns waiting in that queue now.\n";
     extra += "# TYPE kvc_hold_queue_length gauge\n";
     absl::StrAppend(&extra, "kvc_hold_queue_length ", queue_.size(), "\n");
+    extra += "# HELP kvc_arrival_window_length First turns in their arrival windows now.\n";
+    extra += "# TYPE kvc_arrival_window_length gauge\n";
+    absl::StrAppend(&extra, "kvc_arrival_window_length ", arrivals_.size(), "\n");
     extra += "# HELP kvc_arrival_window_first_turns_total First turns that waited their arrival "
              "window for shorter first turns arriving with them.\n";
     extra += "# TYPE kvc_arrival_window_first_turns_total counter\n";
@@ -983,13 +988,19 @@ class AffinityGateway final : public GatewayBase {
         queue_cv_.wait_for(lock, std::chrono::duration<double>(std::clamp(
                                      next_s - ledger_->now_s(), 0.0, policy::kHoldRecheckSeconds)));
       }
-      ++window_turns_;
-      window_wait_s_ += ledger_->now_s() - window_start_s;
+      const double window_waited = ledger_->now_s() - window_start_s;
+      if (window_waited > 0) {
+        ++window_turns_;
+        window_wait_s_ += window_waited;
+      }
     } else {
       ReleaseArrivals(order.key);  // a turn that does not wait passes those shorter than it
       queue_.push_back(position);
     }
-    const double arrived_s = ledger_->now_s();
+    // The turn reached the gateway at window_start_s (max_hold_s counts from
+    // there); a wait in load control counts from now.
+    const double arrived_s = window_start_s;
+    const double queued_s = ledger_->now_s();
     // Held by the policy, or behind a turn it held (not merely behind one
     // released from its window a moment earlier).
     bool held = false;
@@ -1000,8 +1011,11 @@ class AffinityGateway final : public GatewayBase {
         return absl::CancelledError("the session was closed while its first turn waited");
       }
       if (queue_.front() == position) {
+        const bool was_held = queue_front_held_;
         queue_front_held_ = policy_->HoldNewSession(request, *ledger_, arrived_s);
         if (!queue_front_held_) break;
+        // Turns already asleep behind it count as held too.
+        if (!was_held) queue_cv_.notify_all();
       }
       held = held || queue_front_held_;
       queue_cv_.wait_for(lock, recheck);
@@ -1019,7 +1033,7 @@ class AffinityGateway final : public GatewayBase {
         }
       }
     }
-    const double waited = ledger_->now_s() - arrived_s;
+    const double waited = ledger_->now_s() - queued_s;
     if (held) {
       ++held_turns_;
       hold_wait_s_ += waited;
@@ -1137,7 +1151,9 @@ int main(int argc, char** argv) {
                  "time for shorter first turns arriving with it, which go first (0 = off)")
       ->capture_default_str();
   app.add_option("--max-arrival-window", affinity.max_arrival_window_s,
-                 "ear: longest such wait, seconds")
+                 "ear: longest such wait, seconds (at most 1: a streamed turn gets no bytes "
+                 "meanwhile)")
+      ->check(CLI::Range(0.0, policy::kHoldRecheckSeconds))
       ->capture_default_str();
   size_t max_queued = 192;
   app.add_option("--max-queued-sessions", max_queued,

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -808,11 +809,12 @@ TEST_CASE("simulator: ear with sessions started together never holds, so load co
 }
 
 // Shortest first among arrivals (RoutingPolicy::ArrivalWindow): every first
-// turn may wait 10 us per input token, keyed by its input; records what
-// reaches Place and when.
+// turn may wait 10 us per input token, keyed by its input (or, with
+// `forward`, what `inner` answers); records what reaches Place and when.
 class WindowPerToken final : public policy::RoutingPolicy {
  public:
-  explicit WindowPerToken(policy::RoutingPolicy& inner) : inner_(inner) {}
+  explicit WindowPerToken(policy::RoutingPolicy& inner, bool forward = false)
+      : inner_(inner), forward_(forward) {}
   std::string_view name() const override { return inner_.name(); }
   policy::Topology topology() const override { return inner_.topology(); }
   absl::StatusOr<policy::Placement> Place(const policy::PolicyRequest& request,
@@ -827,7 +829,7 @@ class WindowPerToken final : public policy::RoutingPolicy {
   }
   policy::ArrivalOrder ArrivalWindow(const policy::PolicyRequest& request,
                                      const policy::ClusterView& cluster) override {
-    (void)cluster;
+    if (forward_) return inner_.ArrivalWindow(request, cluster);
     const auto tokens = static_cast<double>(request.input_tokens);
     // Session 3 ("d") does not wait.
     return {request.request.session == 3 ? 0.0 : tokens * 1e-5, tokens};
@@ -837,6 +839,7 @@ class WindowPerToken final : public policy::RoutingPolicy {
 
  private:
   policy::RoutingPolicy& inner_;
+  bool forward_;
 };
 
 TEST_CASE("simulator: first turns arriving together are placed shortest first, each within "
@@ -869,11 +872,49 @@ TEST_CASE("simulator: first turns arriving together are placed shortest first, e
   const std::vector<double> at = {0.011, 0.052, 0.2, 0.3, 1.05, 1.05};
   REQUIRE(windowed.placed_at_.size() == at.size());
   for (size_t i = 0; i < at.size(); ++i) CHECK(windowed.placed_at_[i] == Approx(at[i]));
-  // The window is part of TTFT; load control held nothing.
-  for (const RequestRecord& r : records) CHECK(r.first_token_s - r.issue_s > r.placed_s - r.issue_s);
+  // Each turn left its window (queued_s) when it was placed: load control
+  // held nothing, and the wait is part of its TTFT.
+  REQUIRE(records.size() == 6);
+  std::map<std::pair<uint32_t, uint32_t>, double> queued;
+  for (const RequestRecord& r : records) {
+    INFO("session " << r.session << " turn " << trace.turns[r.turn].turn);
+    CHECK(r.queued_s == r.placed_s);
+    CHECK(r.first_token_s > r.queued_s);
+    queued[{r.session, trace.turns[r.turn].turn}] = r.queued_s - r.issue_s;
+  }
+  CHECK(queued[{0, 0}] == Approx(0.3));
+  CHECK(queued[{1, 0}] == Approx(0.01));
+  CHECK(queued[{2, 0}] == Approx(0.05));
+  CHECK(queued[{3, 0}] == 0);
+  CHECK(queued[{4, 0}] == Approx(0.05));
+  CHECK(queued[{4, 1}] == 0);
   CHECK(result->held_turns == 0);
   CHECK(result->arrival_window_turns == 4);  // a, b, c, e
   CHECK(result->arrival_window_wait_s.max == Approx(0.3));
+}
+
+TEST_CASE("simulator: a first turn whose window outlasts one released early still leaves on "
+          "time",
+          "[sim][arrival-window]") {
+  // b (1,000 tokens, window ends at 0.01 s) sets the wake-up; a (30,000,
+  // ends at 0.301 s) arrives after it; b's second turn at 5 ms releases b
+  // before its wake-up, which then finds nothing to release.
+  const Trace trace = ParseMultiturnText(
+      R"({"session_id":"b","input_length":1000,"output_length":20,"timestamp":0})" "\n"
+      R"({"session_id":"a","input_length":30000,"output_length":20,"timestamp":1})" "\n"
+      R"({"session_id":"b","input_length":300,"output_length":20,"delay":5})" "\n");
+  SimConfig config;
+  config.loop = LoopMode::kOpen;
+  absl::StatusOr<MadePolicy> made = MakePolicy("dp", SetupFor(config, trace));
+  REQUIRE(made.ok());
+  WindowPerToken windowed(*made->policy);
+  auto result = Simulator::Run(trace, windowed, config, made->engine);
+  REQUIRE(result.ok());
+  const std::vector<std::pair<SessionId, uint32_t>> order = {{0, 0}, {0, 1}, {1, 0}};
+  CHECK(windowed.placed_ == order);
+  REQUIRE(windowed.placed_at_.size() == 3);
+  CHECK(windowed.placed_at_[2] == Approx(0.301));
+  CHECK(result->arrival_window_turns == 2);
 }
 
 TEST_CASE("simulator: ear places claude-code sessions started together shortest first",
@@ -890,20 +931,24 @@ TEST_CASE("simulator: ear places claude-code sessions started together shortest 
   std::vector<RequestRecord> records;
   config.on_request = [&records](const RequestRecord& r) { records.push_back(r); };
   PolicySetup setup = SetupFor(config, *trace);
-  const PolicyResult on = Replay(*trace, "ear", config, setup);
-  std::vector<RequestRecord> first;
-  for (const RequestRecord& r : records) {
-    if (trace->turns[r.turn].turn == 0) first.push_back(r);
-  }
-  REQUIRE(first.size() == 16);
-  std::sort(first.begin(), first.end(),
-            [](const RequestRecord& x, const RequestRecord& y) { return x.placed_s < y.placed_s; });
+  absl::StatusOr<MadePolicy> made = MakePolicy("ear", setup);
+  REQUIRE(made.ok());
+  WindowPerToken recorder(*made->policy, /*forward=*/true);
+  absl::StatusOr<PolicyResult> run = Simulator::Run(*trace, recorder, config, made->engine);
+  REQUIRE(run.ok());
+  const PolicyResult& on = *run;
   // Nothing is cached anywhere before the first placement, so every key is
-  // the whole input: placed in input order, all within max_arrival_window_s.
-  for (size_t i = 1; i < first.size(); ++i) {
-    INFO("placement " << i);
-    CHECK(trace->turns[first[i - 1].turn].input_tokens <= trace->turns[first[i].turn].input_tokens);
+  // the whole input: the first turns reach Place in input order, all within
+  // max_arrival_window_s.
+  std::vector<uint64_t> first_inputs;
+  for (const auto& [session, turn] : recorder.placed_) {
+    if (turn == 0) {
+      first_inputs.push_back(trace->turns[trace->sessions[session].first_turn].input_tokens);
+    }
   }
+  REQUIRE(first_inputs.size() == 16);
+  CHECK(std::is_sorted(first_inputs.begin(), first_inputs.end()));
+  CHECK(first_inputs.front() < first_inputs.back());
   CHECK(on.arrival_window_turns == 16);
   CHECK(on.arrival_window_wait_s.max <= setup.affinity.max_arrival_window_s + 1e-12);
   CHECK(on.held_turns == 0);

@@ -284,14 +284,16 @@ class RoutingPolicy {
   // (SGLang's /close_session with --enable-session-radix-cache), so their
   // caches give up that KV before any KV still in use.
   virtual void OnSessionClosed(SessionId session) { (void)session; }
-  // Load control, asked before a session's first turn is placed: true keeps
-  // the turn waiting at the gateway. The gateway keeps held turns in arrival
-  // order and asks again about the oldest whenever a request finishes or a
-  // session closes, and at least every kHoldRecheckSeconds (memory also
-  // frees as sessions fall idle); it places the turn once the answer is
-  // false. No first turn that arrived after it, and no later turn of its
-  // own session, goes before it; later turns of sessions already placed are
-  // never held and do not queue. `arrived_s` is when the turn reached the
+  // Load control, asked before a session's first turn is placed (after its
+  // arrival window, ArrivalWindow): true keeps the turn waiting at the
+  // gateway. The gateway keeps held turns in the order they left their
+  // arrival windows (arrival order when there are none) and asks again
+  // about the oldest whenever a request finishes or a session closes, and
+  // at least every kHoldRecheckSeconds (memory also frees as sessions fall
+  // idle); it places the turn once the answer is false. No first turn that
+  // entered the queue after it, and no later turn of its own session, goes
+  // before it; later turns of sessions already placed are never held and do
+  // not queue. `arrived_s` is when the turn reached the
   // gateway, on cluster.now_s()'s clock. A policy must answer false
   // eventually (ear does after max_hold_s), so every turn is placed.
   virtual bool HoldNewSession(const PolicyRequest& request, ClusterView& cluster,

@@ -460,6 +460,9 @@ class Simulator final : public policy::ClusterView {
         case EventType::kArrivalWindow:
           arrival_check_s_ = std::numeric_limits<double>::infinity();
           ReleaseArrivals(-std::numeric_limits<double>::infinity());
+          // The turn this event was for may have gone early (released by a
+          // later turn of its session): the others still need a wake-up.
+          ScheduleArrivalWindow();
           break;
       }
       if (!failure_.ok()) return failure_;
@@ -535,11 +538,12 @@ class Simulator final : public policy::ClusterView {
     }
   }
 
-  // A turn reaches the gateway. First turns, and any turn of a session with
-  // a turn still queued, join the gateway's FIFO queue, which the policy's
-  // load control (RoutingPolicy::HoldNewSession) may hold at a first turn;
-  // the queue is empty unless it does. Later turns of placed sessions go
-  // straight to Place.
+  // A turn reaches the gateway. A new session's first turn may first wait
+  // its arrival window (RoutingPolicy::ArrivalWindow). First turns, and any
+  // turn of a session with a turn still queued, join the gateway's FIFO
+  // queue, which the policy's load control (RoutingPolicy::HoldNewSession)
+  // may hold at a first turn; the queue is empty unless it does. Later turns
+  // of placed sessions go straight to Place.
   void OnArrival(uint32_t turn_index) {
     const TraceTurn& t = trace_.turns[turn_index];
     AccumulateAreas(now_);
@@ -557,6 +561,7 @@ class Simulator final : public policy::ClusterView {
       ReleaseArrivals(order.key);
     }
     if (queued_of_session_[t.session] > 0) ReleaseArrivalOf(t.session);
+    if (!failure_.ok()) return;
     if (t.turn == 0 || queued_of_session_[t.session] > 0) {
       gateway_queue_.push_back(QueuedTurn{turn_index, now_, now_});
       ++queued_of_session_[t.session];
@@ -585,8 +590,10 @@ class Simulator final : public policy::ClusterView {
     for (const WaitingArrival& a : released) {
       // Counted in queued_of_session_ since it arrived.
       gateway_queue_.push_back(QueuedTurn{a.turn, a.arrived_s, now_});
-      ++result_.arrival_window_turns;
-      arrival_waits_.push_back(now_ - a.arrived_s);
+      if (now_ > a.arrived_s) {
+        ++result_.arrival_window_turns;
+        arrival_waits_.push_back(now_ - a.arrived_s);
+      }
     }
     ScheduleArrivalWindow();
     PlaceQueued();
