@@ -937,6 +937,16 @@ TEST_CASE("ear arrival window: a share of the first turn's own prefill, keyed by
     CHECK(o.window_s ==
           Approx(defaults.arrival_window_fraction * cost.PrefillSeconds(160, 16000)));
   }
+  SECTION("a prefix cached only on an instance that is not routable does not count") {
+    GrowingSession fork{2};
+    fork.chain = first.chain;
+    const WorkerId home = ear->binding(1);
+    REQUIRE(home != kNoWorker);
+    cluster.down.assign(2, false);
+    cluster.down[home] = true;
+    const ArrivalOrder o = ear->ArrivalWindow(fork.Next(2, 10), cluster);
+    CHECK(o.key == 16160);
+  }
   SECTION("a long first prompt waits at most max_arrival_window_s") {
     GrowingSession huge{3};
     const ArrivalOrder o = ear->ArrivalWindow(huge.Next(2, 10000), cluster);

@@ -730,7 +730,7 @@ class AffinityGateway final : public GatewayBase {
     absl::StrAppend(&extra, "kvc_hold_queue_length ", queue_.size(), "\n");
     extra += "# HELP kvc_arrival_window_length First turns in their arrival windows now.\n";
     extra += "# TYPE kvc_arrival_window_length gauge\n";
-    absl::StrAppend(&extra, "kvc_arrival_window_length ", arrivals_.size(), "\n");
+    absl::StrAppend(&extra, "kvc_arrival_window_length ", windows_.size(), "\n");
     extra += "# HELP kvc_arrival_window_first_turns_total First turns that waited their arrival "
              "window for shorter first turns arriving with them.\n";
     extra += "# TYPE kvc_arrival_window_first_turns_total counter\n";
@@ -959,9 +959,9 @@ class AffinityGateway final : public GatewayBase {
   absl::StatusOr<double> WaitForRoom(std::unique_lock<std::mutex>& lock,
                                      const policy::PolicyRequest& request,
                                      const std::atomic<bool>& cancel, Reply& reply) {
-    if (queue_.size() + arrivals_.size() >= max_queued_) {
+    if (queue_.size() + windows_.size() >= max_queued_) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the load-control queue is full (", queue_.size() + arrivals_.size(),
+          "the load-control queue is full (", queue_.size() + windows_.size(),
           " first turns wait); retry later"));
     }
     const uint64_t position = next_position_++;
@@ -969,24 +969,25 @@ class AffinityGateway final : public GatewayBase {
     // unwinding).
     absl::Cleanup leave = [&] {
       if (!queue_.empty() && queue_.front() == position) queue_front_held_ = false;
-      std::erase_if(arrivals_, [&](const WaitingArrival& a) { return a.position == position; });
+      windows_.Remove(position);
       std::erase(queue_, position);
       queue_cv_.notify_all();
     };
     const policy::ArrivalOrder order = policy_->ArrivalWindow(request, *ledger_);
     const double window_start_s = ledger_->now_s();
     if (order.window_s > 0) {
-      arrivals_.push_back(WaitingArrival{position, order.key, window_start_s + order.window_s});
+      windows_.Add(position, order, window_start_s);
       while (true) {
         if (cancel) {
           return absl::CancelledError("the session was closed while its first turn waited");
         }
-        ReleaseArrivals(-std::numeric_limits<double>::infinity());
-        if (std::find(queue_.begin(), queue_.end(), position) != queue_.end()) break;
-        double next_s = std::numeric_limits<double>::infinity();
-        for (const WaitingArrival& a : arrivals_) next_s = std::min(next_s, a.deadline_s);
-        queue_cv_.wait_for(lock, std::chrono::duration<double>(std::clamp(
-                                     next_s - ledger_->now_s(), 0.0, policy::kHoldRecheckSeconds)));
+        // Whichever waiting thread wakes first moves every turn whose window
+        // ended, with the shorter ones, to the queue in their order.
+        EnqueueArrivals(windows_.Release(ledger_->now_s()));
+        if (!windows_.contains(position)) break;
+        queue_cv_.wait_for(lock, std::chrono::duration<double>(
+                                     std::clamp(windows_.next_deadline_s() - ledger_->now_s(), 0.0,
+                                                policy::kHoldRecheckSeconds)));
       }
       const double window_waited = ledger_->now_s() - window_start_s;
       if (window_waited > 0) {
@@ -994,7 +995,8 @@ class AffinityGateway final : public GatewayBase {
         window_wait_s_ += window_waited;
       }
     } else {
-      ReleaseArrivals(order.key);  // a turn that does not wait passes those shorter than it
+      // A turn that does not wait passes those shorter than it.
+      EnqueueArrivals(windows_.Release(window_start_s, order.key));
       queue_.push_back(position);
     }
     // The turn reached the gateway at window_start_s (max_hold_s counts from
@@ -1041,24 +1043,9 @@ class AffinityGateway final : public GatewayBase {
     return held ? waited : 0.0;
   }
 
-  // Moves the first turns waiting their arrival windows whose key is at
-  // most `key`, or at most that of any whose window has ended, to the
-  // load-control queue, smallest key first.
-  void ReleaseArrivals(double key) {
-    const double now_s = ledger_->now_s();
-    for (const WaitingArrival& a : arrivals_) {
-      if (a.deadline_s <= now_s) key = std::max(key, a.key);
-    }
-    std::vector<WaitingArrival> released;
-    std::erase_if(arrivals_, [&](const WaitingArrival& a) {
-      if (a.key > key) return false;
-      released.push_back(a);
-      return true;
-    });
-    if (released.empty()) return;
-    std::stable_sort(released.begin(), released.end(),
-                     [](const WaitingArrival& x, const WaitingArrival& y) { return x.key < y.key; });
-    for (const WaitingArrival& a : released) queue_.push_back(a.position);
+  void EnqueueArrivals(const std::vector<uint64_t>& positions) {
+    if (positions.empty()) return;
+    queue_.insert(queue_.end(), positions.begin(), positions.end());
     queue_cv_.notify_all();
   }
 
@@ -1070,13 +1057,9 @@ class AffinityGateway final : public GatewayBase {
   std::unique_ptr<policy::AffinityPolicy> policy_;
   std::unique_ptr<policy::LoadLedger> ledger_;  // thread-safe on its own
   std::deque<uint64_t> queue_;                  // first turns waiting, oldest first
-  // First turns in their arrival windows (RoutingPolicy::ArrivalWindow).
-  struct WaitingArrival {
-    uint64_t position = 0;
-    double key = 0;
-    double deadline_s = 0;
-  };
-  std::vector<WaitingArrival> arrivals_;
+  // First turns in their arrival windows (RoutingPolicy::ArrivalWindow), by
+  // queue position.
+  policy::ArrivalWindows windows_;
   bool queue_front_held_ = false;  // the policy holds the turn at the queue's front
   uint64_t window_turns_ = 0;
   double window_wait_s_ = 0;

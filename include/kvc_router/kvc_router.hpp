@@ -33,6 +33,7 @@
 #include "kvc_router/index/kv_event_index.hpp"
 #include "kvc_router/index/naive_index.hpp"
 #include "kvc_router/policy/affinity_policies.hpp"
+#include "kvc_router/policy/arrival_windows.hpp"
 #include "kvc_router/policy/kvc_policy.hpp"
 #include "kvc_router/policy/load_ledger.hpp"
 #include "kvc_router/policy/policy.hpp"

@@ -528,19 +528,23 @@ class AffinityPolicy final : public RoutingPolicy {
 
   // ear: shortest first among new sessions arriving together (see
   // AffinityPolicyOptions::arrival_window_fraction). The key is the input
-  // no instance is estimated to cache, the prefill the turn needs at best;
-  // sessions already placed, and the other rules, get no window.
+  // no routable instance is estimated to cache, the prefill the turn needs
+  // at best; sessions already placed, and the other rules, get no window.
+  // Changes nothing Place reads.
   ArrivalOrder ArrivalWindow(const PolicyRequest& request, const ClusterView& cluster) override {
-    (void)cluster;
     if (options_.rule != AffinityRule::kEar || options_.arrival_window_fraction == 0 ||
         request.request.turn != 0 || bindings_.contains(request.request.session) ||
         request.input_tokens > kMaxCapacityTokens) {
       return {};
     }
     estimate_.OverlapOfChain(request.input_hashes, overlap_);
-    const uint64_t cached = std::min<uint64_t>(
-        request.input_tokens,
-        uint64_t{*std::max_element(overlap_.begin(), overlap_.end())} * options_.block_tokens);
+    uint32_t best_overlap = 0;
+    const uint32_t instances = std::min<uint32_t>(options_.instances, cluster.num_instances());
+    for (WorkerId d = 0; d < instances; ++d) {
+      if (cluster.routable(d)) best_overlap = std::max(best_overlap, overlap_[d]);
+    }
+    const uint64_t cached = std::min<uint64_t>(request.input_tokens,
+                                               uint64_t{best_overlap} * options_.block_tokens);
     const uint64_t uncached = request.input_tokens - cached;
     const double prefill_s = options_.migration_cost.PrefillSeconds(uncached, cached);
     return ArrivalOrder{

@@ -67,6 +67,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvc_router/admit.hpp"
 #include "kvc_router/config.hpp"
+#include "kvc_router/policy/arrival_windows.hpp"
 #include "kvc_router/policy/policy.hpp"
 #include "kvc_router/types.hpp"
 #include "kvc_sim/cost_model.hpp"
@@ -459,7 +460,7 @@ class Simulator final : public policy::ClusterView {
           break;
         case EventType::kArrivalWindow:
           arrival_check_s_ = std::numeric_limits<double>::infinity();
-          ReleaseArrivals(-std::numeric_limits<double>::infinity());
+          EnqueueArrivals(windows_.Release(now_));
           // The turn this event was for may have gone early (released by a
           // later turn of its session): the others still need a wake-up.
           ScheduleArrivalWindow();
@@ -552,15 +553,19 @@ class Simulator final : public policy::ClusterView {
       const policy::ArrivalOrder order =
           policy_.ArrivalWindow(MakePolicyRequest(turn_index), *this);
       if (order.window_s > 0) {
-        arrivals_.push_back(WaitingArrival{turn_index, now_, now_ + order.window_s, order.key});
+        windows_.Add(turn_index, order, now_);
+        window_arrived_s_[turn_index] = now_;
         ++queued_of_session_[t.session];
         ScheduleArrivalWindow();
         return;
       }
       // A turn that does not wait passes those shorter than it.
-      ReleaseArrivals(order.key);
+      EnqueueArrivals(windows_.Release(now_, order.key));
+    } else if (queued_of_session_[t.session] > 0) {
+      // A later turn of a session whose first turn still waits its window
+      // (an open-loop trace): the first turn goes now, with those shorter.
+      EnqueueArrivals(windows_.ReleaseWith(trace_.sessions[t.session].first_turn, now_));
     }
-    if (queued_of_session_[t.session] > 0) ReleaseArrivalOf(t.session);
     if (!failure_.ok()) return;
     if (t.turn == 0 || queued_of_session_[t.session] > 0) {
       gateway_queue_.push_back(QueuedTurn{turn_index, now_, now_});
@@ -571,48 +576,25 @@ class Simulator final : public policy::ClusterView {
     Place(turn_index, now_, now_);
   }
 
-  // Moves the waiting first turns whose key is at most `key`, or at most
-  // that of any whose window has ended, to the gateway queue, smallest key
-  // first (RoutingPolicy::ArrivalWindow), and places what it can.
-  void ReleaseArrivals(double key) {
-    for (const WaitingArrival& a : arrivals_) {
-      if (a.deadline_s <= now_) key = std::max(key, a.key);
-    }
-    std::vector<WaitingArrival> released;
-    std::erase_if(arrivals_, [&](const WaitingArrival& a) {
-      if (a.key > key) return false;
-      released.push_back(a);
-      return true;
-    });
-    if (released.empty()) return;
-    std::stable_sort(released.begin(), released.end(),
-                     [](const WaitingArrival& x, const WaitingArrival& y) { return x.key < y.key; });
-    for (const WaitingArrival& a : released) {
+  // Moves first turns that left their arrival windows (ArrivalWindows, in
+  // the order it gives) to the gateway queue and places what it can.
+  void EnqueueArrivals(const std::vector<uint64_t>& turns) {
+    if (turns.empty()) return;
+    for (uint64_t turn : turns) {
       // Counted in queued_of_session_ since it arrived.
-      gateway_queue_.push_back(QueuedTurn{a.turn, a.arrived_s, now_});
-      if (now_ > a.arrived_s) {
+      const double arrived_s = window_arrived_s_[turn];
+      gateway_queue_.push_back(QueuedTurn{static_cast<uint32_t>(turn), arrived_s, now_});
+      if (now_ > arrived_s) {
         ++result_.arrival_window_turns;
-        arrival_waits_.push_back(now_ - a.arrived_s);
+        arrival_waits_.push_back(now_ - arrived_s);
       }
     }
     ScheduleArrivalWindow();
     PlaceQueued();
   }
 
-  // A later turn of a session whose first turn still waits its window (an
-  // open-loop trace): the first turn goes now, with those shorter than it.
-  void ReleaseArrivalOf(uint32_t session) {
-    for (const WaitingArrival& a : arrivals_) {
-      if (trace_.turns[a.turn].session == session) {
-        ReleaseArrivals(a.key);
-        return;
-      }
-    }
-  }
-
   void ScheduleArrivalWindow() {
-    double next = std::numeric_limits<double>::infinity();
-    for (const WaitingArrival& a : arrivals_) next = std::min(next, a.deadline_s);
+    const double next = windows_.next_deadline_s();
     if (next < arrival_check_s_) {
       arrival_check_s_ = next;
       queue_.Push(next, EventPayload{EventType::kArrivalWindow, 0, 0});
@@ -1290,15 +1272,10 @@ class Simulator final : public policy::ClusterView {
     double queued_s = 0;  // after any arrival window
   };
   std::deque<QueuedTurn> gateway_queue_;
-  // New sessions' first turns waiting their arrival windows, in arrival
-  // order (RoutingPolicy::ArrivalWindow).
-  struct WaitingArrival {
-    uint32_t turn = 0;
-    double arrived_s = 0;
-    double deadline_s = 0;
-    double key = 0;
-  };
-  std::vector<WaitingArrival> arrivals_;
+  // New sessions' first turns waiting their arrival windows (ids: turn
+  // indexes), and when each arrived.
+  policy::ArrivalWindows windows_;
+  std::vector<double> window_arrived_s_ = std::vector<double>(trace_.turns.size(), 0);
   // When the next kArrivalWindow event is due (infinity: none pending).
   double arrival_check_s_ = std::numeric_limits<double>::infinity();
   std::vector<uint32_t> queued_of_session_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
