@@ -995,7 +995,7 @@ class AffinityGateway final : public GatewayBase {
         window_wait_s_ += window_waited;
       }
     } else {
-      // A turn that does not wait passes those shorter than it.
+      // A turn that does not wait goes behind the shorter ones still waiting.
       EnqueueArrivals(windows_.Release(window_start_s, order.key));
       queue_.push_back(position);
     }

@@ -11,8 +11,9 @@
 //   - a turn waits at most its own window;
 //   - when a turn's window ends, it and every waiting turn with a key no
 //     larger leave together, smallest key first (ties: arrival order);
-//   - a turn that gets no window passes the waiting turns whose keys are no
-//     larger than its own (Release with its key, then send it).
+//   - a turn that gets no window goes behind the waiting turns whose keys
+//     are no larger than its own and ahead of the longer ones (Release with
+//     its key, then send it).
 //
 //   kvc_router::policy::ArrivalWindows windows;
 //   const ArrivalOrder order = policy.ArrivalWindow(request, cluster);

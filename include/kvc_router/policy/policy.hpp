@@ -307,7 +307,9 @@ class RoutingPolicy {
   // a session's first turn reaches the gateway, before load control. The
   // gateway keeps the turn waiting up to window_s; when the window of a
   // waiting turn ends, that turn and every waiting turn with a key no larger
-  // go on to load control (HoldNewSession), smallest key first. Every turn
+  // go on to load control (HoldNewSession), smallest key first; a turn with
+  // no window goes behind the waiting turns whose keys are no larger than
+  // its own (policy::ArrivalWindows keeps this rule). Every turn
   // goes on within its own window, so none waits behind shorter ones for
   // longer than that. Engines prefill in arrival order: a batch of first
   // prompts that reaches them longest first keeps every short one waiting

@@ -559,7 +559,7 @@ class Simulator final : public policy::ClusterView {
         ScheduleArrivalWindow();
         return;
       }
-      // A turn that does not wait passes those shorter than it.
+      // A turn that does not wait goes behind the shorter ones still waiting.
       EnqueueArrivals(windows_.Release(now_, order.key));
     } else if (queued_of_session_[t.session] > 0) {
       // A later turn of a session whose first turn still waits its window
