@@ -682,6 +682,15 @@ def run_ear(args, start):
     doomed_prompt = filler(81, 0, 300)
     r = completion(gateway, "doomed", doomed_prompt)
     home = r["kvc"]["decode_worker"]
+    other = 1 - home
+    # A session on the other instance (home drained meanwhile, so it goes
+    # there), to be moved onto the stopped one below.
+    http(gateway + f"/admin/instances/{home}/drain", {})
+    refugee_prompt = filler(85, 0, 200)
+    refugee = completion(gateway, "refugee", refugee_prompt)
+    http(gateway + f"/admin/instances/{home}/resume", {})
+    check(refugee["kvc"]["decode_worker"] == other,
+          f"a new session avoids the drained instance: {refugee['kvc']}")
     iprocs[home].terminate()
     iprocs[home].wait(timeout=10)
     chunks = stream("/v1/completions",
@@ -694,19 +703,26 @@ def run_ear(args, start):
 
     # Two more calls it never answers open its circuit breaker: nothing goes
     # there while it is open, and the session bound there is placed anew.
-    for attempt in range(2):
-        try:
-            completion(gateway, "doomed", doomed_prompt + filler(81, 2 + attempt, 50))
-            check(False, "a turn on the stopped instance fails")
-        except urllib.error.HTTPError as e:
-            check(e.code == 502, f"a turn on the stopped instance: HTTP {e.code}")
+    # Both come from one turn: the other instance drained, the refugee's KV
+    # moves to the stopped one (a call it never answers, counted against it),
+    # then the turn runs there and is not answered either.
+    failed_moves = parse_metrics(http(gateway + "/metrics")[1])[
+        'kvc_session_migrations_total{status="error"}']
+    http(gateway + f"/admin/instances/{other}/drain", {})
+    try:
+        completion(gateway, "refugee",
+                   refugee_prompt + refugee["choices"][0]["text"] + filler(85, 9, 50))
+        check(False, "a turn moved onto the stopped instance fails")
+    except urllib.error.HTTPError as e:
+        check(e.code == 502, f"a turn moved onto the stopped instance: HTTP {e.code}")
+    http(gateway + f"/admin/instances/{other}/resume", {})
     poll_metrics(gateway, lambda m: (
+        m['kvc_session_migrations_total{status="error"}'] == failed_moves + 1 and
         m[f'kvc_instance_routable{{worker="{home}"}}'] == 0 and
         m[f'kvc_instance_breaker_openings_total{{worker="{home}"}}'] == 1),
-        "the stopped instance's breaker opened")
+        "the stopped instance's breaker opened (the failed KV move counted)")
     check(http(gateway + "/debug/index")[1]["instances"][home]["breaker"] == "open",
           "/debug/index shows the open breaker")
-    other = 1 - home
     r = completion(gateway, "doomed", doomed_prompt + filler(81, 9, 50))
     check(r["kvc"]["decode_worker"] == other,
           f"the session bound to the stopped instance is served by the other: {r['kvc']}")

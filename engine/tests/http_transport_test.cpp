@@ -4,6 +4,7 @@
 #include <atomic>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <functional>
 #include <span>
@@ -773,8 +774,12 @@ struct FakeConversation {
 TEST_CASE("conversations are forgotten when idle past the TTL or beyond the bound, never in use",
           "[engine][gateway]") {
   double now = 0;
-  ConversationTable<FakeConversation> table({.max_sessions = 10, .ttl_s = 100},
-                                            [&now] { return now; });
+  auto created =
+      ConversationTable<FakeConversation>::Create({.max_sessions = 10, .ttl_s = 100}, [&now] {
+        return now;
+      });
+  REQUIRE(created.ok());
+  ConversationTable<FakeConversation>& table = **created;
   const std::shared_ptr<FakeConversation> a = table.FindOrCreate(1);
   CHECK(table.FindOrCreate(1) == a);
   CHECK(table.Find(1) == a);
@@ -821,6 +826,31 @@ TEST_CASE("conversations are forgotten when idle past the TTL or beyond the boun
   table.Erase(12, old);
   CHECK(table.Find(12) == nullptr);
   CHECK(table.forgotten() == 6);
+}
+
+TEST_CASE("a conversation table refuses options that bound nothing, naming the option",
+          "[engine][gateway]") {
+  using Table = ConversationTable<FakeConversation>;
+  const auto refused = [](Table::Options options, const char* option) {
+    absl::StatusOr<std::unique_ptr<Table>> table = Table::Create(options);
+    CHECK(absl::IsInvalidArgument(table.status()));
+    CHECK(absl::StrContains(table.status().message(), option));
+  };
+  refused({.max_sessions = 0, .ttl_s = 100}, "max_sessions");
+  refused({.max_sessions = 10, .ttl_s = 0}, "ttl_s");
+  refused({.max_sessions = 10, .ttl_s = -1}, "ttl_s");
+  refused({.max_sessions = 10, .ttl_s = std::nan("")}, "ttl_s");
+  // No TTL at all is a valid choice: only the bound forgets.
+  double now = 0;
+  auto unlimited = Table::Create({.max_sessions = 2, .ttl_s = HUGE_VAL}, [&now] { return now; });
+  REQUIRE(unlimited.ok());
+  (*unlimited)->FindOrCreate(1);
+  now = 1e12;
+  (*unlimited)->FindOrCreate(2);
+  CHECK((*unlimited)->Find(1) != nullptr);
+  (*unlimited)->FindOrCreate(3);  // past the bound: 1, the least recently used, goes
+  CHECK((*unlimited)->Find(1) == nullptr);
+  CHECK((*unlimited)->size() == 2);
 }
 
 }  // namespace

@@ -320,8 +320,11 @@ class GatewayBase {
   }
 
   // Bounds the conversations kept (before serving).
-  void LimitConversations(engine::ConversationTable<SessionState>::Options options) {
-    conversations_ = std::make_unique<engine::ConversationTable<SessionState>>(options);
+  absl::Status LimitConversations(engine::ConversationTable<SessionState>::Options options) {
+    auto table = engine::ConversationTable<SessionState>::Create(options);
+    if (!table.ok()) return table.status();
+    conversations_ = *std::move(table);
+    return absl::OkStatus();
   }
 
   // DELETE /v1/sessions/{id}: the client says the session is over.
@@ -506,9 +509,9 @@ class GatewayBase {
   absl::flat_hash_set<std::string> loras_;
   uint32_t block_tokens_;
   uint32_t default_max_tokens_;
+  // The default options are valid, so the default table always exists.
   std::unique_ptr<engine::ConversationTable<SessionState>> conversations_ =
-      std::make_unique<engine::ConversationTable<SessionState>>(
-          engine::ConversationTable<SessionState>::Options{});
+      *engine::ConversationTable<SessionState>::Create({});
   std::atomic<uint64_t> next_anonymous_{0};
   std::atomic<uint64_t> request_ids_{0};
 };
@@ -840,6 +843,9 @@ class AffinityGateway final : public GatewayBase {
       // must see that work.
       absl::StatusOr<uint64_t> kept =
           transport_->MoveSessionKv(placement->migrate_from, instance, turn.session);
+      // The move is a call to the target (it pulls from the source), so it
+      // feeds the target's breaker as the turn's own call does.
+      ReportCall(instance, kept.status());
       moved = kept.ok() && *kept > 0;
       const uint64_t held = kept.ok() ? std::min(request.input_tokens, *kept) : 0;
       // Cannot fail: the prefill is still pending and no larger than booked input.
@@ -856,13 +862,7 @@ class AffinityGateway final : public GatewayBase {
         {.on_first_token = [&ticket] { ticket->FirstToken(); }, .on_tokens = RelayTo(reply)});
     const absl::Status ran = transport_->RunOnInstance(instance, request.request);
     ticket->Finish();
-    // The instance's circuit breaker: only a call it never answered counts
-    // against it (an HTTP error or a bad answer proves it alive).
-    if (engine::HttpWorkerTransport::NoAnswer(ran)) {
-      ledger_->ReportUnavailable(instance);
-    } else {
-      ledger_->ReportAnswered(instance);
-    }
+    ReportCall(instance, ran);
     if (std::find(s.served.begin(), s.served.end(), instance) == s.served.end()) {
       s.served.push_back(instance);
     }
@@ -947,6 +947,17 @@ class AffinityGateway final : public GatewayBase {
   }
 
  private:
+  // Feeds `instance`'s circuit breaker with one call's outcome: only a call
+  // it never answered counts against it (an HTTP error or a bad answer
+  // proves it alive).
+  void ReportCall(WorkerId instance, const absl::Status& outcome) {
+    if (engine::HttpWorkerTransport::NoAnswer(outcome)) {
+      ledger_->ReportUnavailable(instance);
+    } else {
+      ledger_->ReportAnswered(instance);
+    }
+  }
+
   // A new session's first turn waits its arrival window for shorter first
   // turns arriving with it (RoutingPolicy::ArrivalWindow), then load
   // control queues it, oldest first, until the policy lets it in; rechecked
@@ -1257,7 +1268,9 @@ int main(int argc, char** argv) {
         absl::flat_hash_set<std::string>(loras.begin(), loras.end()), config.block_tokens,
         max_tokens, max_queued);
   }
-  gateway->LimitConversations(conversations);
+  if (absl::Status limited = gateway->LimitConversations(conversations); !limited.ok()) {
+    return usage_error(std::string(limited.message()));
+  }
 
   httplib::Server server;
   // First turns held by load control wait on a server thread; at most

@@ -42,6 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -429,25 +430,33 @@ class GatewayMetrics {
 // hashed whole) and the gateway the list of instances that served it (a
 // close then reaches the one the policy has it bound to). Thread-safe.
 //
-//   ConversationTable<SessionState> table({.max_sessions = 10000, .ttl_s = 3600});
-//   std::shared_ptr<SessionState> s = table.FindOrCreate(session);
+//   auto table = ConversationTable<SessionState>::Create({.max_sessions = 10000, .ttl_s = 3600});
+//   std::shared_ptr<SessionState> s = (*table)->FindOrCreate(session);
 template <typename State>
 class ConversationTable {
  public:
   struct Options {
-    size_t max_sessions = 10000;
-    double ttl_s = 3600;
+    size_t max_sessions = 10000;  // at least 1
+    double ttl_s = 3600;          // > 0; infinity: never forgotten for idleness
   };
   using Clock = std::function<double()>;  // seconds, monotonic
 
-  explicit ConversationTable(Options options, Clock clock = nullptr)
-      : options_(options), clock_(std::move(clock)) {
-    if (clock_ == nullptr) {
-      const auto start = std::chrono::steady_clock::now();
-      clock_ = [start] {
-        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      };
+  // InvalidArgument naming the option when `options` cannot bound anything
+  // (no room for the session being created, or a TTL that forgets every
+  // state at once or compares false with every age).
+  static absl::StatusOr<std::unique_ptr<ConversationTable>> Create(Options options,
+                                                                   Clock clock = nullptr) {
+    if (options.max_sessions == 0) {
+      return absl::InvalidArgumentError(
+          "ConversationTable: max_sessions must be at least 1 (the session a turn creates "
+          "needs room)");
     }
+    if (!(options.ttl_s > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ConversationTable: ttl_s must be positive (infinity keeps idle states), got ",
+          options.ttl_s));
+    }
+    return std::unique_ptr<ConversationTable>(new ConversationTable(options, std::move(clock)));
   }
 
   std::shared_ptr<State> Find(SessionId session) const {
@@ -496,6 +505,15 @@ class ConversationTable {
     std::shared_ptr<State> state;
     double last_used_s = 0;
   };
+
+  ConversationTable(Options options, Clock clock) : options_(options), clock_(std::move(clock)) {
+    if (clock_ == nullptr) {
+      const auto start = std::chrono::steady_clock::now();
+      clock_ = [start] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      };
+    }
+  }
 
   // Forgets idle states past the TTL, then the least recently used beyond
   // `keep`, never `current` nor a state in use.
