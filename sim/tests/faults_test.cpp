@@ -1,5 +1,6 @@
-// Fault injection (kvc_sim/faults.hpp): crashes that lose KV, admission RPC
-// timeouts, dropped / duplicated / reordered KV (eviction) events. Every
+// Fault injection (kvc_sim/faults.hpp): crashes that lose KV (and take an
+// instance out of the affinity rules' rotation while it is down), admission
+// RPC timeouts, dropped / duplicated / reordered KV (eviction) events. Every
 // request still completes exactly once (Simulator::Run checks it), the pools
 // are never overfilled, tokens are conserved, and the hit rate degrades
 // gradually with the fault rate.
@@ -7,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvc_sim/policies/registry.hpp"
@@ -29,8 +31,7 @@ Trace FaultTrace() {
 }
 
 PolicyResult ReplayWith(const Trace& trace, const std::string& name, const FaultConfig& faults,
-                        uint64_t capacity = 60000) {
-  SimConfig config;
+                        uint64_t capacity = 60000, SimConfig config = {}) {
   config.admission.capacity_tokens = capacity;
   config.faults = faults;
   PolicySetup setup;
@@ -114,32 +115,136 @@ TEST_CASE("faults: policies without admission complete too", "[sim][faults]") {
   }
 }
 
-// The numbers docs/reliability.md quotes: kvc's hit rate as faults grow.
+// What the replay saw: each crash's down window, each request's placement.
+struct CrashLog {
+  struct Down {
+    WorkerId instance;
+    double from_s, until_s;
+  };
+  std::vector<Down> downs;
+  std::vector<RequestRecord> requests;
+
+  void Attach(SimConfig& config) {
+    config.on_crash = [this](WorkerId d, double from, double until) {
+      downs.push_back({d, from, until});
+    };
+    config.on_request = [this](const RequestRecord& r) { requests.push_back(r); };
+  }
+  // Requests placed on an instance while it was down, and how many of them
+  // had their first token before it was back.
+  std::pair<int, int> PlacedOnDown() const {
+    int placed = 0, served_while_down = 0;
+    for (const RequestRecord& r : requests) {
+      for (const Down& d : downs) {
+        if (r.instance == d.instance && r.placed_s >= d.from_s && r.placed_s < d.until_s) {
+          ++placed;
+          served_while_down += r.first_token_s < d.until_s;
+        }
+      }
+    }
+    return {placed, served_while_down};
+  }
+};
+
+TEST_CASE("faults: crashes reach the affinity policies: KV lost, nothing placed on a down instance",
+          "[sim][faults]") {
+  const Trace trace = FaultTrace();
+  const uint64_t seed = GENERATE(1u, 2u, 3u);
+  FaultConfig faults;
+  faults.seed = seed;
+  faults.crash_interval_s = 20;
+  faults.crash_downtime_s = 10;
+  for (const std::string name : {"load-only", "lmetric", "sticky", "unified", "ear"}) {
+    INFO(name << " fault seed " << seed);
+    const PolicyResult clean = ReplayWith(trace, name, FaultConfig{});
+    CrashLog log;
+    SimConfig config;
+    log.Attach(config);
+    const PolicyResult r = ReplayWith(trace, name, faults, 60000, config);
+    CheckInvariants(trace, r);
+    REQUIRE(r.faults.crashes > 0);
+    CHECK(r.faults.crashes == log.downs.size());
+    CHECK(r.faults.cached_tokens_lost > 0);
+    CHECK(r.faults.sessions_lost == 0);  // page caches lose tokens, not booked sessions
+    CHECK(log.requests.size() == trace.turns.size());
+    CHECK(log.PlacedOnDown().first == 0);
+    CHECK(r.hit_rate() < clean.hit_rate());
+  }
+  // dp does not read routability: it places turns on a down instance, and
+  // they start when it is back.
+  CrashLog log;
+  SimConfig config;
+  log.Attach(config);
+  const PolicyResult dp = ReplayWith(trace, "dp", faults, 60000, config);
+  CheckInvariants(trace, dp);
+  CHECK(dp.faults.cached_tokens_lost > 0);
+  const auto [placed, served_while_down] = log.PlacedOnDown();
+  CHECK(placed > 0);
+  CHECK(served_while_down == 0);
+}
+
+TEST_CASE("faults: with every instance down, ear's turns wait for one to come back",
+          "[sim][faults]") {
+  const Trace trace = FaultTrace();
+  const uint64_t seed = GENERATE(1u, 2u, 3u);
+  INFO("fault seed " << seed);
+  FaultConfig faults;
+  faults.seed = seed;
+  faults.crash_interval_s = 5;
+  faults.crash_downtime_s = 20;
+  CrashLog log;
+  SimConfig config;
+  config.cluster.prefill_workers = 1;
+  config.cluster.decode_workers = 1;  // two colocated instances
+  log.Attach(config);
+  const PolicyResult r = ReplayWith(trace, "ear", faults, 60000, config);
+  CheckInvariants(trace, r);
+  CHECK(log.requests.size() == trace.turns.size());
+  CHECK(log.PlacedOnDown().first == 0);
+  // Both were down at once at some point, and a turn that came then waited.
+  bool all_down = false;
+  for (const CrashLog::Down& a : log.downs) {
+    for (const CrashLog::Down& b : log.downs) {
+      all_down |= a.instance != b.instance && b.from_s >= a.from_s && b.from_s < a.until_s;
+    }
+  }
+  REQUIRE(all_down);
+  int waited = 0;
+  for (const RequestRecord& q : log.requests) waited += q.placed_s > q.queued_s + 1e-9;
+  CHECK(waited > 0);
+}
+
+// The numbers docs/reliability.md quotes: the hit rate as faults grow, for
+// kvc (every fault reaches it), ear (crashes: lost KV and down instances)
+// and dp (crashes: lost KV only).
 TEST_CASE("faults: the hit rate degrades gracefully as faults grow", "[sim][faults]") {
   const Trace trace = FaultTrace();
-  const PolicyResult clean = ReplayWith(trace, "kvc", FaultConfig{});
-  CHECK(clean.faults.crashes == 0);
-  CHECK(clean.faults.rpc_timeouts == 0);
-  double previous = clean.hit_rate();
-  WARN("kvc clean: hit rate " << clean.hit_rate() << ", TTFT p90 " << clean.ttft_s.p90);
-  for (double level : {0.05, 0.1, 0.2}) {
-    FaultConfig faults;
-    faults.crash_interval_s = 1.0 / level * 3;  // 60 s, 30 s, 15 s
-    faults.rpc_timeout_rate = level;
-    faults.event_drop_rate = level;
-    faults.event_duplicate_rate = level;
-    faults.event_reorder_rate = level;
-    const PolicyResult r = ReplayWith(trace, "kvc", faults);
-    CheckInvariants(trace, r);
-    WARN("kvc faults " << level << ": hit rate " << r.hit_rate() << ", TTFT p90 "
-                       << r.ttft_s.p90 << ", crashes " << r.faults.crashes << ", sessions lost "
-                       << r.faults.sessions_lost << ", RPC timeouts " << r.faults.rpc_timeouts
-                       << ", fallback " << r.mode_counts[3]);
-    // Graceful: faults cost some reuse, never most of it.
-    CHECK(r.hit_rate() <= clean.hit_rate() + 0.02);
-    CHECK(r.hit_rate() >= 0.5 * clean.hit_rate());
-    CHECK(r.hit_rate() <= previous + 0.05);
-    previous = r.hit_rate();
+  for (const std::string name : {"kvc", "ear", "dp"}) {
+    const PolicyResult clean = ReplayWith(trace, name, FaultConfig{});
+    CHECK(clean.faults.crashes == 0);
+    CHECK(clean.faults.rpc_timeouts == 0);
+    double previous = clean.hit_rate();
+    WARN(name << " clean: hit rate " << clean.hit_rate() << ", TTFT p90 " << clean.ttft_s.p90);
+    for (double level : {0.05, 0.1, 0.2}) {
+      FaultConfig faults;
+      faults.crash_interval_s = 1.0 / level * 3;  // 60 s, 30 s, 15 s
+      faults.rpc_timeout_rate = level;
+      faults.event_drop_rate = level;
+      faults.event_duplicate_rate = level;
+      faults.event_reorder_rate = level;
+      const PolicyResult r = ReplayWith(trace, name, faults);
+      CheckInvariants(trace, r);
+      WARN(name << " faults " << level << ": hit rate " << r.hit_rate() << ", TTFT p90 "
+                << r.ttft_s.p90 << ", crashes " << r.faults.crashes << ", sessions lost "
+                << r.faults.sessions_lost << ", cached tokens lost " << r.faults.cached_tokens_lost
+                << ", RPC timeouts " << r.faults.rpc_timeouts << ", fallback "
+                << r.mode_counts[3]);
+      // Graceful: faults cost some reuse, never most of it.
+      CHECK(r.hit_rate() <= clean.hit_rate() + 0.02);
+      CHECK(r.hit_rate() >= 0.5 * clean.hit_rate());
+      CHECK(r.hit_rate() <= previous + 0.05);
+      previous = r.hit_rate();
+    }
   }
 }
 

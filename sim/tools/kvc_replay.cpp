@@ -527,10 +527,11 @@ void BindFlags(CLI::App& app, Options& o, BaseChoices& base) {
   sim::FaultConfig& fault = o.sim.faults;
   AddNumber(app, "--fault-seed", fault.seed, "seed of every injected fault")->group(faults);
   AddNumber(app, "--fault-crash-interval", fault.crash_interval_s,
-            "mean seconds between instance crashes (lose idle KV, RPCs fail), 0 = none")
+            "mean seconds between instance crashes (idle KV lost, then down), 0 = none")
       ->group(faults);
   AddNumber(app, "--fault-crash-downtime", fault.crash_downtime_s,
-            "seconds a crashed instance answers no admission RPC")
+            "seconds a crashed instance is down: it answers no admission RPC, starts no "
+            "request, and the affinity rules route around it")
       ->group(faults);
   AddNumber(app, "--fault-rpc-timeout", fault.rpc_timeout_rate,
             "probability that an admission RPC times out")
@@ -838,9 +839,10 @@ int Run(int argc, char** argv) {
   if (o.sim.faults.any()) {
     for (const sim::PolicyResult& r : report.results) {
       std::cout << absl::StrFormat(
-          "faults %-18s crashes %d (sessions lost %d), RPC timeouts %d, events dropped %d, "
-          "duplicated %d, reordered %d\n",
-          r.name, r.faults.crashes, r.faults.sessions_lost, r.faults.rpc_timeouts,
+          "faults %-18s crashes %d (sessions lost %d, cached tokens lost %d), RPC timeouts %d, "
+          "events dropped %d, duplicated %d, reordered %d\n",
+          r.name, r.faults.crashes, r.faults.sessions_lost, r.faults.cached_tokens_lost,
+          r.faults.rpc_timeouts,
           r.faults.events_dropped, r.faults.events_duplicated, r.faults.events_reordered);
     }
   }

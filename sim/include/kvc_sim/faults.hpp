@@ -6,10 +6,16 @@
 //
 //  * Crashes: every `crash_interval_s` on average (exponential gaps), one
 //    instance, uniformly drawn, crashes: it loses the KV of every session
-//    with nothing running there (requests already running finish: the model
-//    is a KV-pool restart, not lost requests) and answers no admission RPC
-//    for `crash_downtime_s`. The policy hears of the lost sessions through
-//    the eviction-event path below.
+//    with nothing running there (an admission pool) or every page no running
+//    request pins (a page cache); requests already running finish (the model
+//    is a KV-pool restart, not lost requests). For `crash_downtime_s` it is
+//    down: it answers no admission RPC, it is not `routable()` (an ideal
+//    circuit breaker: the affinity rules route around it at once), and a
+//    request another policy places there anyway starts only when it is back
+//    (a gateway with no breaker retries it). When nothing a policy may use is
+//    up, its turns wait at the gateway for the first instance back. The
+//    policy hears of an admission pool's lost sessions through the
+//    eviction-event path below; of a page cache's lost pages, nothing.
 //  * Admission RPC timeouts: each admission RPC gets no answer with
 //    probability `rpc_timeout_rate` (the worker decides nothing); the policy
 //    sees an error, i.e. a worker-unavailable rejection.
@@ -19,10 +25,9 @@
 //    `event_duplicate_rate`, and held back to the next delivery (reordered
 //    after later events) with `event_reorder_rate`.
 //
-// Faults reach the policies that ask workers for admission (the KVC family);
-// policies that route without asking see crashes only as lost KV on
-// admission-pool instances (none: their instances keep page caches, which
-// this model leaves alone). Counts are in PolicyResult::faults.
+// RPC timeouts and event faults reach the policies that ask workers for
+// admission (the KVC family); crashes reach every policy. Counts are in
+// PolicyResult::faults.
 #pragma once
 
 #include <cmath>
@@ -77,7 +82,8 @@ struct FaultConfig {
 // What the injected faults did during one replay.
 struct FaultCounts {
   uint64_t crashes = 0;
-  uint64_t sessions_lost = 0;  // sessions whose KV a crash dropped
+  uint64_t sessions_lost = 0;  // sessions whose KV a crash dropped (admission pools)
+  uint64_t cached_tokens_lost = 0;  // page-cache tokens a crash dropped (the others)
   uint64_t rpc_timeouts = 0;   // including RPCs to a crashed instance
   uint64_t events_dropped = 0;
   uint64_t events_duplicated = 0;

@@ -189,13 +189,16 @@ class SimInstance {
   }
 
   // Fault injection (faults.hpp): the instance restarts its KV pool and
-  // loses every session with nothing running; appends them to `evicted`.
-  void Crash(std::vector<SessionId>& evicted) {
-    if (!admission_pool_) return;
+  // loses every session with nothing running (appended to `evicted`), or,
+  // keeping a page cache, every page no running request pins. Returns the
+  // page-cache tokens lost.
+  uint64_t Crash(std::vector<SessionId>& evicted) {
+    if (!admission_pool_) return pages.DropUnpinned();
     for (SessionId id : admission_.EvictLeastRecentlyUsed(admission_.room_tokens())) {
       Dropped(id);
       evicted.push_back(id);
     }
+    return 0;
   }
 
   // Drops a booked session's cache entry when it is released or evicted.

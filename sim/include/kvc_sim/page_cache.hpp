@@ -214,6 +214,26 @@ class PageCache {
     }
   }
 
+  // The engine restarted its KV pool (fault injection): every page no
+  // running request pins is gone, with its tail. Running requests pin their
+  // chains from the root, so what stays is still reachable. The host tier
+  // lives outside the GPU pool and keeps its pages. Returns the tokens lost.
+  uint64_t DropUnpinned() {
+    uint64_t dropped = 0;
+    for (auto it = pages_.begin(); it != pages_.end();) {
+      if (it->second.pins != 0) {
+        ++it;
+        continue;
+      }
+      tails_.erase(it->first);
+      pages_.erase(it++);
+      dropped += block_tokens_;
+    }
+    cached_tokens_ -= dropped;
+    // The heap's entries for dropped pages are stale now: MakeRoom skips them.
+    return dropped;
+  }
+
   uint64_t used_tokens() const { return cached_tokens_ + reserved_tokens_; }
   uint64_t cached_tokens() const { return cached_tokens_; }
   uint64_t capacity_tokens() const { return capacity_tokens_; }

@@ -148,6 +148,9 @@ struct SimConfig {
   std::function<void(const RequestRecord&)> on_request;
   // Injected faults (faults.hpp); none by default.
   FaultConfig faults;
+  // Called once per injected crash: the instance and the seconds (since the
+  // trace's first arrival) it is down from and until.
+  std::function<void(WorkerId instance, double down_from_s, double down_until_s)> on_crash;
   // The client closes each session after its last request, and the gateway
   // passes that on: the policy hears RoutingPolicy::OnSessionClosed and every
   // worker lets the session's KV go first (SimInstance::CloseSession), as
@@ -230,6 +233,12 @@ class Simulator final : public policy::ClusterView {
     return load;
   }
   double now_s() const override { return now_; }
+  // A crashed instance is out of rotation exactly while it is down: an
+  // ideal circuit breaker (a gateway's opens after some calls go
+  // unanswered). Only the policies that read it (the affinity rules) avoid it.
+  bool routable(WorkerId instance) const override {
+    return instance < down_until_.size() && now_ >= down_until_[instance];
+  }
 
   absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
     if (instance >= instances_.size()) {
@@ -295,6 +304,7 @@ class Simulator final : public policy::ClusterView {
     kCrash,         // injected fault; index unused
     kHoldCheck,     // the oldest held turn is asked about again; index unused
     kArrivalWindow,  // an arrival window may have ended; index unused
+    kRetryPlacement,  // a crashed instance is back; index unused
   };
   struct EventPayload {
     EventType type = EventType::kArrival;
@@ -457,6 +467,9 @@ class Simulator final : public policy::ClusterView {
         case EventType::kHoldCheck:
           hold_check_pending_ = false;
           PlaceQueued();
+          break;
+        case EventType::kRetryPlacement:
+          RetryPlacements();
           break;
         case EventType::kArrivalWindow:
           arrival_check_s_ = std::numeric_limits<double>::infinity();
@@ -665,6 +678,22 @@ class Simulator final : public policy::ClusterView {
     placing_ = kNoSlot;
     DeliverEvictions();
     if (!failure_.ok()) return;
+    if (absl::IsUnavailable(placement.status()) && AnyDown()) {
+      // Nothing the policy may use is up (injected crashes): the turn waits
+      // at the gateway until an instance is back, as a client told 503
+      // retries.
+      free_slots_.push_back(slot);
+      unplaced_.push_back(QueuedTurn{turn_index, issue_s, queued_s});
+      if (!retry_pending_) {
+        retry_pending_ = true;
+        double back_s = std::numeric_limits<double>::infinity();
+        for (double until : down_until_) {
+          if (until > now_) back_s = std::min(back_s, until);
+        }
+        queue_.Push(back_s, EventPayload{EventType::kRetryPlacement, 0, 0});
+      }
+      return;
+    }
     if (!placement.ok()) {
       failure_ = absl::Status(placement.status().code(),
                               absl::StrCat("policy ", result_.name, " failed on turn ", t.turn,
@@ -678,6 +707,12 @@ class Simulator final : public policy::ClusterView {
     }
     f.placement = *placement;
     f.ready_s = now_ + config_.cost.admit_rpc_s * placement->admit_attempts;
+    if (placement->booking != policy::Booking::kAdmitted) {
+      // A crashed instance starts nothing while it is down: a turn a policy
+      // sent there anyway (one that does not read routability) starts when it
+      // is back, as a gateway with no breaker retries it until it answers.
+      f.ready_s = std::max(f.ready_s, down_until_[placement->instance]);
+    }
     result_.admit_attempts += placement->admit_attempts;
     for (int r = 0; r < kNumRejectReasons; ++r) result_.rejections[r] += placement->rejections[r];
 
@@ -1173,14 +1208,32 @@ class Simulator final : public policy::ClusterView {
     const uint32_t d = dice_.Below(static_cast<uint32_t>(instances_.size()));
     ++result_.faults.crashes;
     down_until_[d] = now_ + config_.faults.crash_downtime_s;
+    if (config_.on_crash) config_.on_crash(d, now_, down_until_[d]);
     std::vector<SessionId>& sink = EvictionSink(d);
     const size_t before = sink.size();
-    instances_[d].Crash(sink);
+    result_.faults.cached_tokens_lost += instances_[d].Crash(sink);
     result_.faults.sessions_lost += sink.size() - before;
     DeliverEvictions();
     if (!queue_.empty()) {
       queue_.Push(now_ + dice_.Exponential(config_.faults.crash_interval_s),
                   EventPayload{EventType::kCrash, 0, 0});
+    }
+  }
+
+  bool AnyDown() const {
+    return std::any_of(down_until_.begin(), down_until_.end(),
+                       [this](double until) { return until > now_; });
+  }
+
+  // Turns the policy could not place while every instance it may use was
+  // down go again, in the order they came.
+  void RetryPlacements() {
+    retry_pending_ = false;
+    std::vector<QueuedTurn> again;
+    again.swap(unplaced_);
+    for (const QueuedTurn& q : again) {
+      if (!failure_.ok()) return;
+      Place(q.turn, q.arrived_s, q.queued_s);
     }
   }
 
@@ -1281,6 +1334,9 @@ class Simulator final : public policy::ClusterView {
   std::vector<uint32_t> queued_of_session_ = std::vector<uint32_t>(trace_.sessions.size(), 0);
   bool placing_queued_ = false;
   bool hold_check_pending_ = false;
+  // Turns refused Unavailable while instances were down (RetryPlacements).
+  std::vector<QueuedTurn> unplaced_;
+  bool retry_pending_ = false;
   std::vector<double> hold_waits_;
   std::vector<double> arrival_waits_;
   uint64_t sessions_active_ = 0;
