@@ -2,8 +2,9 @@
 // (pending prefill on the prefill side, a running request on the instance),
 // that each ticket gives it back exactly once whatever path it takes
 // (first token, finish, destructor, move, a second Finish), bad placements
-// and shapes refused without a trace, ear running on the ledger alone, and
-// the per-worker circuit breakers a gateway feeds (routable, probes).
+// and shapes refused without a trace, ear running on the ledger alone, the
+// per-worker circuit breakers a gateway feeds (routable, probes), and
+// instances joining at runtime.
 #include "kvc_router/policy/load_ledger.hpp"
 
 #include <catch2/catch.hpp>
@@ -389,6 +390,121 @@ TEST_CASE("load ledger: ear moves a session off an instance that stopped answeri
   absl::StatusOr<Placement> q = ear->Place(fresh.Next(2, 3), l);
   REQUIRE(q.ok());
   CHECK(q->instance != home);
+}
+
+TEST_CASE("load ledger: an instance joins at runtime; ear sends new sessions there, bound ones stay",
+          "[policy][ledger][ear][membership]") {
+  double now = 0;
+  auto ledger = LoadLedger::Create(Topology::kColocated, 2, 0, [&now] { return now; });
+  REQUIRE(ledger.ok());
+  LoadLedger& l = **ledger;
+  auto ear = MakeEar(2, AffinityPolicyOptions().hot_prefill_tokens);
+  // Two sessions, one per instance, each with a turn still prefilling.
+  std::vector<testing::GrowingSession> sessions{{1}, {2}, {3}};
+  std::vector<LoadLedger::Ticket> open;
+  std::vector<WorkerId> home;
+  for (int i = 0; i < 2; ++i) {
+    const PolicyRequest first = sessions[i].Next(i, 20);
+    absl::StatusOr<Placement> p = ear->Place(first, l);
+    REQUIRE(p.ok());
+    home.push_back(p->instance);
+    absl::StatusOr<LoadLedger::Ticket> t = l.Start(*p, first.input_tokens);
+    REQUIRE(t.ok());
+    open.push_back(std::move(*t));
+    ear->OnFinished(first, *p, l);
+  }
+  CHECK(home[0] != home[1]);
+  // The view grows first: until the policy grows too, Place refuses the
+  // mismatch and changes nothing.
+  absl::StatusOr<WorkerId> joined = l.AddInstance();
+  REQUIRE(joined.ok());
+  CHECK(*joined == 2);
+  CHECK(l.num_instances() == 3);
+  CHECK(l.routable(2));
+  CHECK_FALSE(l.drained(2));
+  CHECK(l.instance_load(2).running_requests == 0);
+  const PolicyRequest third = sessions[2].Next(2, 20);
+  absl::StatusOr<Placement> refused = ear->Place(third, l);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(ear->binding(3) == kNoWorker);
+  absl::StatusOr<WorkerId> grown = ear->AddInstance();
+  REQUIRE(grown.ok());
+  CHECK(*grown == 2);
+  CHECK(ear->committed_tokens(2) == 0);
+  // A new session goes to the idle newcomer; the bound ones stay home.
+  absl::StatusOr<Placement> p = ear->Place(third, l);
+  REQUIRE(p.ok());
+  CHECK(p->instance == 2);
+  absl::StatusOr<LoadLedger::Ticket> t = l.Start(*p, third.input_tokens);
+  REQUIRE(t.ok());
+  CHECK(l.instance_load(2).pending_prefill_tokens == third.input_tokens);
+  t->Finish();
+  ear->OnFinished(third, *p, l);
+  open.clear();
+  for (int i = 0; i < 2; ++i) {
+    const PolicyRequest next = sessions[i].Next(10 + i, 2);
+    absl::StatusOr<Placement> q = ear->Place(next, l);
+    REQUIRE(q.ok());
+    CHECK(q->instance == home[i]);
+    CHECK(q->migrate_from == kNoWorker);
+    ear->OnFinished(next, *q, l);
+  }
+  // It can be drained like the others.
+  REQUIRE(l.SetDrained(2, true).ok());
+  CHECK_FALSE(l.routable(2));
+}
+
+TEST_CASE("load ledger: sticky on a grown cluster moves ~1/N of its sessions, all to the newcomer",
+          "[policy][ledger][membership]") {
+  constexpr uint32_t kInstances = 8;
+  constexpr int kSessions = 4000;
+  auto ledger = LoadLedger::Create(Topology::kColocated, kInstances, 0);
+  REQUIRE(ledger.ok());
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kSticky;
+  options.instances = kInstances;
+  options.block_tokens = 16;
+  auto sticky = AffinityPolicy::Create(options);
+  REQUIRE(sticky.ok());
+  std::vector<WorkerId> before;
+  for (SessionId id = 1; id <= kSessions; ++id) {
+    testing::GrowingSession s{id};
+    absl::StatusOr<Placement> p = (*sticky)->Place(s.Next(id, 2), **ledger);
+    REQUIRE(p.ok());
+    before.push_back(p->instance);
+  }
+  REQUIRE((*ledger)->AddInstance().ok());
+  REQUIRE((*sticky)->AddInstance().ok());
+  int moved = 0;
+  for (SessionId id = 1; id <= kSessions; ++id) {
+    testing::GrowingSession s{id};
+    absl::StatusOr<Placement> p = (*sticky)->Place(s.Next(id, 3), **ledger);
+    REQUIRE(p.ok());
+    if (p->instance != before[id - 1]) {
+      ++moved;
+      CHECK(p->instance == kInstances);  // only to the newcomer
+    }
+  }
+  CHECK(static_cast<double>(moved) / kSessions == Approx(1.0 / (kInstances + 1)).margin(0.02));
+}
+
+TEST_CASE("load ledger: instances join up to kMaxWorkers, then are refused by name",
+          "[policy][ledger][membership]") {
+  auto ledger = LoadLedger::Create(Topology::kColocated, kMaxWorkers - 1, 0);
+  REQUIRE(ledger.ok());
+  absl::StatusOr<WorkerId> last = (*ledger)->AddInstance();
+  REQUIRE(last.ok());
+  CHECK(*last == kMaxWorkers - 1);
+  absl::StatusOr<WorkerId> refused = (*ledger)->AddInstance();
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(refused.status().message(), "AddInstance"));
+  CHECK((*ledger)->num_instances() == kMaxWorkers);
+  AffinityPolicyOptions options;
+  options.rule = AffinityRule::kEar;
+  options.instances = kMaxWorkers;
+  auto ear = AffinityPolicy::Create(options);
+  REQUIRE(ear.ok());
+  CHECK((*ear)->AddInstance().status().code() == absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

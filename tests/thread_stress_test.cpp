@@ -245,5 +245,54 @@ TEST_CASE("concurrent tickets on one load ledger all give their load back",
   }
 }
 
+TEST_CASE("instances join a load ledger while tickets start and finish on every instance",
+          "[tsan][threads][ledger][membership]") {
+  constexpr int kThreads = 3;
+  constexpr int kOpsPerThread = 2000;
+  constexpr uint32_t kJoining = 12;
+  auto ledger = policy::LoadLedger::Create(policy::Topology::kColocated, 2, 0);
+  REQUIRE(ledger.ok());
+  policy::LoadLedger& l = **ledger;
+  std::atomic<int> refused{0};
+  std::thread joiner([&] {
+    for (uint32_t i = 0; i < kJoining; ++i) {
+      if (!l.AddInstance().ok()) ++refused;
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<policy::LoadLedger::Ticket> open;
+      for (int i = 0; i < kOpsPerThread; ++i) {
+        const uint32_t instances = l.num_instances();
+        policy::Placement at;
+        at.instance = static_cast<WorkerId>((t + i) % instances);
+        for (WorkerId d = 0; d < instances; ++d) (void)l.routable(d);
+        absl::StatusOr<policy::LoadLedger::Ticket> ticket = l.Start(at, 100 + i);
+        if (!ticket.ok()) {
+          ++refused;
+          continue;
+        }
+        open.push_back(std::move(*ticket));
+        if (open.size() > 8) {
+          open.front().FirstToken();
+          open.front().Finish();
+          open.erase(open.begin());
+        }
+      }
+    });
+  }
+  joiner.join();
+  for (std::thread& t : threads) t.join();
+  CHECK(refused.load() == 0);
+  REQUIRE(l.num_instances() == 2 + kJoining);
+  for (WorkerId d = 0; d < l.num_instances(); ++d) {
+    CHECK(l.routable(d));
+    CHECK(l.instance_load(d).running_requests == 0);
+    CHECK(l.instance_load(d).pending_prefill_tokens == 0);
+  }
+}
+
 }  // namespace
 }  // namespace kvc_router

@@ -317,6 +317,12 @@ def run_kvc(args, start):
     r = completion(gateway, "after-drain", filler(93, 0, 200))
     check(r["kvc"]["decode_worker"] != 2, f"nothing new goes to the drained worker: {r['kvc']}")
     print("drain: a kvc decode worker drained for good")
+    try:
+        http(gateway + "/admin/instances", {"url": "http://127.0.0.1:1"})
+        check(False, "adding a decode worker under kvc is refused")
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read().decode())["error"]["message"]
+        check(e.code == 409 and "affinity" in message, f"add under kvc: HTTP {e.code} {message}")
     return 0
 
 
@@ -754,6 +760,37 @@ def run_ear(args, start):
         except urllib.error.HTTPError as e:
             check(e.code == code, f"drain {instance!r}: HTTP {e.code}")
     print("drain: nothing new goes to a drained instance; resumed, it serves again")
+
+    # An instance joins at runtime: the gateway sends it turns and KV moves.
+    for body in ({"url": 7}, {"address": "x"}, {"url": "127.0.0.1:1"}):
+        try:
+            http(gateway + "/admin/instances", body)
+            check(False, f"joining with {body} is refused")
+        except urllib.error.HTTPError as e:
+            check(e.code == 400, f"join with {body}: HTTP {e.code}")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start("instance2", [args.emulator, "--role", "instance", "--port", str(port)] + common)
+    wait_healthy(url, proc)
+    _, joined = http(gateway + "/admin/instances", {"url": url})
+    check(joined == {"instance": 2, "url": url}, f"join answer: {joined}")
+    poll_metrics(gateway, lambda m: m['kvc_instance_routable{worker="2"}'] == 1,
+                 "the new instance is routable")
+    check(len(http(gateway + "/debug/index")[1]["instances"]) == 3, "/debug/index lists three")
+    # The only other live instance drained: its session moves to the
+    # newcomer with its KV, and a new session starts there.
+    r = completion(gateway, "newcomer", filler(83, 3, 100))
+    check(r["kvc"]["decode_worker"] == other, f"newcomer still at home: {r['kvc']}")
+    http(gateway + f"/admin/instances/{other}/drain", {})
+    r = completion(gateway, "newcomer", filler(83, 3, 100) + r["choices"][0]["text"] +
+                   filler(83, 4, 50))
+    k = r["kvc"]
+    check(k["decode_worker"] == 2 and k["migrated_from"] == other and k["migrated"] and
+          k["mode"] == "direct", f"the drained instance's session moved to the newcomer: {k}")
+    r = completion(gateway, "late", filler(86, 0, 100))
+    check(r["kvc"]["decode_worker"] == 2, f"a new session starts on the newcomer: {r['kvc']}")
+    http(gateway + f"/admin/instances/{other}/resume", {})
+    print("join: an instance added at runtime takes moved and new sessions")
     return 0
 
 

@@ -194,6 +194,31 @@ TEST_CASE("colocated instances: a cached turn, a KV move and a close reach the r
   CHECK((*transport)->CloseSession(2, 9).code() == absl::StatusCode::kUnavailable);
 }
 
+TEST_CASE("an instance added at runtime gets the next id and its calls; a bad URL is refused",
+          "[engine][http]") {
+  FakeWorker first(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  FakeWorker joined(R"({"can_admit": false, "reason": "no-d-capacity"})");
+  auto transport = HttpWorkerTransport::Create({.decode_urls = {first.url()}});
+  REQUIRE(transport.ok());
+  Request request;
+  request.session = 4;
+  CHECK((*transport)->RunOnInstance(1, request).code() == absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<WorkerId> bad = (*transport)->AddDecodeUrl("10.0.0.9:30001");
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(bad.status().message(), "10.0.0.9:30001"));
+  CHECK((*transport)->num_decode_urls() == 1);
+  const absl::StatusOr<WorkerId> id = (*transport)->AddDecodeUrl(joined.url());
+  REQUIRE(id.ok());
+  CHECK(*id == 1);
+  CHECK((*transport)->num_decode_urls() == 2);
+  auto attachment = (*transport)->Attach(4, {{"token_ids", {1}}});
+  REQUIRE((*transport)->RunOnInstance(1, request).ok());
+  CHECK(joined.last_path() == "/generate");
+  // A KV move between an old and a new instance names both.
+  REQUIRE((*transport)->MoveSessionKv(0, 1, 4).ok());
+  CHECK(joined.last_body() == nlohmann::json{{"session_id", 4}, {"from", first.url()}});
+}
+
 TEST_CASE("a streamed turn signals its first token once, before the answer arrives",
           "[engine][http]") {
   StreamingWorker worker(R"(data: {"token_ids":[104]})" "\n\n",

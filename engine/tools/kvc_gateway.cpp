@@ -45,6 +45,8 @@
 //        nothing new goes to the instance (the decode worker under kvc, for
 //        good) until resumed; what runs there finishes; sessions bound there
 //        are placed anew on their next turn.
+//   POST /admin/instances      {"url"}: under an affinity policy a new
+//        instance joins (the answer gives its id); kvc refuses (409).
 //   GET  /metrics              Prometheus text format
 //   GET  /debug/index          kvc: the router's residency per decode worker;
 //                              affinity: loads, live contexts, the queue (JSON)
@@ -374,6 +376,8 @@ class GatewayBase {
   }
   // POST /admin/instances/{id}/drain (true) or /resume (false).
   virtual absl::Status SetDrained(WorkerId instance, bool drained) = 0;
+  // POST /admin/instances {"url"}: a new instance's id.
+  virtual absl::StatusOr<WorkerId> AddInstance(const std::string& url) = 0;
 
  public:
   // The admin endpoint: JSON {"instance", "drained"}, or the refusal.
@@ -390,6 +394,22 @@ class GatewayBase {
       return Fail(res, unknown ? 404 : 409, std::string(status.message()));
     }
     res.set_content(json{{"instance", instance}, {"drained", drained}}.dump(), "application/json");
+  }
+
+  // The admin endpoint: JSON {"instance", "url"}, or the refusal.
+  void Join(const std::string& body, httplib::Response& res) {
+    const json request = json::parse(body, nullptr, false);
+    if (!request.is_object() || !request.contains("url") || !request["url"].is_string()) {
+      return Fail(res, 400, "the body must be a JSON object with a string \"url\"");
+    }
+    const std::string url = request["url"].get<std::string>();
+    const absl::StatusOr<WorkerId> added = AddInstance(url);
+    if (!added.ok()) {
+      // A bad URL: 400; a policy that cannot grow, or no slot left: 409.
+      return Fail(res, absl::IsInvalidArgument(added.status()) ? 400 : 409,
+                  std::string(added.status().message()));
+    }
+    res.set_content(json{{"instance", *added}, {"url", url}}.dump(), "application/json");
   }
 
  protected:
@@ -542,6 +562,12 @@ class KvcGateway final : public GatewayBase {
           "restart the gateway to bring it back");
     }
     return state_->DrainDecodeWorker(worker);
+  }
+  // Its decode workers come with their KV-event streams, fixed at start.
+  absl::StatusOr<WorkerId> AddInstance(const std::string&) override {
+    return absl::FailedPreconditionError(
+        "kvc: decode workers are fixed at start (each with its KV-event stream); instances "
+        "join at runtime under the affinity policies");
   }
 
  public:
@@ -933,6 +959,30 @@ class AffinityGateway final : public GatewayBase {
     return status;
   }
 
+  // The transport, the ledger and the policy grow together, under the
+  // policy's lock so that no Place sees them disagree; the URL is checked
+  // and the slot counted first, so none of them can refuse after another
+  // has grown.
+  absl::StatusOr<WorkerId> AddInstance(const std::string& url) override {
+    if (url.rfind("http://", 0) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("instance URL \"", url, "\" must start with http://"));
+    }
+    std::lock_guard<std::mutex> lock(policy_mu_);
+    if (ledger_->num_instances() >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat("all ", kMaxWorkers, " instances exist"));
+    }
+    const absl::StatusOr<WorkerId> on_transport = transport_->AddDecodeUrl(url);
+    const absl::StatusOr<WorkerId> on_ledger = ledger_->AddInstance();
+    const absl::StatusOr<WorkerId> on_policy = policy_->AddInstance();
+    if (!on_transport.ok() || !on_ledger.ok() || !on_policy.ok() || *on_transport != *on_ledger ||
+        *on_ledger != *on_policy) {
+      return absl::InternalError("the transport, ledger and policy disagree on the new id");
+    }
+    queue_cv_.notify_all();  // a held first turn may fit now
+    return *on_policy;
+  }
+
   void CloseSession(SessionId session, SessionState& s, json& out) override {
     {
       std::lock_guard<std::mutex> lock(policy_mu_);
@@ -1291,6 +1341,9 @@ int main(int argc, char** argv) {
   });
   server.Get("/debug/index", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(gateway->DebugIndex().dump(), "application/json");
+  });
+  server.Post("/admin/instances", [&](const httplib::Request& req, httplib::Response& res) {
+    gateway->Join(req.body, res);
   });
   server.Post(R"(/admin/instances/([^/]+)/(drain|resume))",
               [&](const httplib::Request& req, httplib::Response& res) {

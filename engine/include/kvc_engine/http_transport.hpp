@@ -24,6 +24,7 @@
 //        the target pulls the session's KV from the source (the emulator's
 //        stand-in for a KV connector such as Mooncake's transfer engine);
 //   POST {instance}/close_session {"session_id"}   (SGLang's route of that name)
+// An instance that joins at runtime gets the next id from `AddDecodeUrl`.
 //
 // `...payload` is what the caller attaches to the request with `Attach`
 // (prompt token ids, max_tokens, sampling settings): the router's Request
@@ -84,6 +85,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +93,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvc_router/concepts.hpp"
+#include "kvc_router/config.hpp"
 #include "kvc_router/types.hpp"
 
 namespace kvc_router::engine {
@@ -229,10 +232,7 @@ class HttpWorkerTransport {
     }
     for (const auto* urls : {&options.decode_urls, &options.prefill_urls}) {
       for (const std::string& url : *urls) {
-        if (url.rfind("http://", 0) != 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "HttpWorkerTransport: worker URL \"", url, "\" must start with http://"));
-        }
+        if (absl::Status valid = CheckUrl(url); !valid.ok()) return valid;
       }
     }
     return std::unique_ptr<HttpWorkerTransport>(new HttpWorkerTransport(std::move(options)));
@@ -280,17 +280,34 @@ class HttpWorkerTransport {
     return ids;
   }
 
+  // A decode worker or colocated instance joins at runtime: its id (the
+  // next one) for a valid URL; InvalidArgument naming the URL otherwise.
+  // Calls to the existing workers may run meanwhile.
+  absl::StatusOr<WorkerId> AddDecodeUrl(std::string url) {
+    if (absl::Status valid = CheckUrl(url); !valid.ok()) return valid;
+    absl::MutexLock lock(&urls_mu_);
+    if (decode_urls_.size() >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("HttpWorkerTransport: all ", kMaxWorkers, " decode worker slots are taken"));
+    }
+    decode_urls_.push_back(std::move(url));
+    return static_cast<WorkerId>(decode_urls_.size() - 1);
+  }
+  size_t num_decode_urls() const {
+    absl::MutexLock lock(&urls_mu_);
+    return decode_urls_.size();
+  }
+
   absl::StatusOr<AdmitResult> Admit(WorkerId decode, const AdmitQuery& query) {
-    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
+    absl::StatusOr<std::string> url = DecodeUrl(decode);
+    if (!url.ok()) return url.status();
     absl::StatusOr<nlohmann::json> answer =
-        Post(options_.decode_urls[decode], "/admit_direct_append", AdmitQueryToJson(query),
-             options_.admit_timeout);
+        Post(*url, "/admit_direct_append", AdmitQueryToJson(query), options_.admit_timeout);
     if (!answer.ok()) return answer.status();
     absl::StatusOr<AdmitResult> result = AdmitResultFromJson(*answer);
     if (!result.ok()) {
-      return absl::UnavailableError(absl::StrCat("worker-unavailable: ",
-                                                 options_.decode_urls[decode], ": ",
-                                                 result.status().message()));
+      return absl::UnavailableError(
+          absl::StrCat("worker-unavailable: ", *url, ": ", result.status().message()));
     }
     return result;
   }
@@ -303,10 +320,11 @@ class HttpWorkerTransport {
     return Call(options_.prefill_urls[prefill], "/prefill", request, {}, false);
   }
   absl::Status TransferKv(WorkerId prefill, WorkerId decode, const Request& request) {
-    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
+    absl::StatusOr<std::string> url = DecodeUrl(decode);
+    if (!url.ok()) return url.status();
     nlohmann::json extra = {
         {"prefill", prefill < options_.prefill_urls.size() ? options_.prefill_urls[prefill] : ""}};
-    return Call(options_.decode_urls[decode], "/receive_kv", request, std::move(extra), false);
+    return Call(*url, "/receive_kv", request, std::move(extra), false);
   }
   absl::Status Decode(WorkerId decode, const Request& request) {
     return Generate(decode, request, "decode");
@@ -319,11 +337,12 @@ class HttpWorkerTransport {
   // sent. Returns the tokens the target reports it kept ("moved_tokens";
   // 0 when the source held nothing or the target could not keep it).
   absl::StatusOr<uint64_t> MoveSessionKv(WorkerId from, WorkerId to, SessionId session) {
-    if (from >= options_.decode_urls.size()) return Unknown("decode", from);
-    if (to >= options_.decode_urls.size()) return Unknown("decode", to);
+    absl::StatusOr<std::string> source = DecodeUrl(from);
+    if (!source.ok()) return source.status();
+    absl::StatusOr<std::string> target = DecodeUrl(to);
+    if (!target.ok()) return target.status();
     absl::StatusOr<nlohmann::json> answer =
-        Post(options_.decode_urls[to], "/migrate_kv",
-             {{"session_id", session}, {"from", options_.decode_urls[from]}},
+        Post(*target, "/migrate_kv", {{"session_id", session}, {"from", *source}},
              options_.generate_timeout);
     if (!answer.ok()) return answer.status();
     const nlohmann::json moved =
@@ -332,9 +351,9 @@ class HttpWorkerTransport {
   }
   // Colocated: tells `instance` the session is over, so its KV goes first.
   absl::Status CloseSession(WorkerId instance, SessionId session) {
-    if (instance >= options_.decode_urls.size()) return Unknown("decode", instance);
-    return Post(options_.decode_urls[instance], "/close_session", {{"session_id", session}},
-                options_.admit_timeout)
+    absl::StatusOr<std::string> url = DecodeUrl(instance);
+    if (!url.ok()) return url.status();
+    return Post(*url, "/close_session", {{"session_id", session}}, options_.admit_timeout)
         .status();
   }
 
@@ -349,7 +368,8 @@ class HttpWorkerTransport {
   // The payload that marks a status as NoAnswer (its value: httplib's error).
   static constexpr const char* kNoAnswerPayload = "kvc_router/worker-no-answer";
 
-  explicit HttpWorkerTransport(Options options) : options_(std::move(options)) {}
+  explicit HttpWorkerTransport(Options options)
+      : options_(std::move(options)), decode_urls_(options_.decode_urls) {}
 
   static absl::Status Unknown(const char* pool, WorkerId worker) {
     return absl::InvalidArgumentError(
@@ -370,8 +390,24 @@ class HttpWorkerTransport {
   }
 
   absl::Status Generate(WorkerId decode, const Request& request, const char* mode) {
-    if (decode >= options_.decode_urls.size()) return Unknown("decode", decode);
-    return Call(options_.decode_urls[decode], "/generate", request, {{"mode", mode}}, true);
+    absl::StatusOr<std::string> url = DecodeUrl(decode);
+    if (!url.ok()) return url.status();
+    return Call(*url, "/generate", request, {{"mode", mode}}, true);
+  }
+
+  // A copy: AddDecodeUrl may grow the list while a call uses it.
+  absl::StatusOr<std::string> DecodeUrl(WorkerId decode) const {
+    absl::MutexLock lock(&urls_mu_);
+    if (decode >= decode_urls_.size()) return Unknown("decode", decode);
+    return decode_urls_[decode];
+  }
+
+  static absl::Status CheckUrl(const std::string& url) {
+    if (url.rfind("http://", 0) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HttpWorkerTransport: worker URL \"", url, "\" must start with http://"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Call(const std::string& url, const char* path, const Request& request,
@@ -620,7 +656,9 @@ class HttpWorkerTransport {
     return answer;
   }
 
-  Options options_;
+  Options options_;  // its decode_urls: those at Create; decode_urls_ has all
+  mutable absl::Mutex urls_mu_;
+  std::vector<std::string> decode_urls_ ABSL_GUARDED_BY(urls_mu_);
   absl::Mutex mu_;
   absl::flat_hash_map<SessionId, std::shared_ptr<Attachment::Slot>> slots_;
 };

@@ -50,6 +50,9 @@
 // sessions of a draining instance, which still answers, with their KV;
 // with no routable worker Place returns Unavailable and changes nothing.
 //
+// Membership: instances join at runtime (AddInstance, with the view's
+// LoadLedger::AddInstance) and leave by a drain (ClusterView::routable).
+//
 // Every decision is deterministic: ties go to the lowest id, and sticky's
 // weights come from a fixed-seed hash.
 //
@@ -669,6 +672,26 @@ class AffinityPolicy final : public RoutingPolicy {
   }
 
  public:
+  // A new instance (colocated) or decode worker joins: the next id, with
+  // nothing cached, bound or committed. Grow the cluster view the same way
+  // first (LoadLedger::AddInstance): Place refuses a view of another size.
+  // Bound sessions stay where they are; new sessions see the new instance
+  // (sticky: the ~1/N of sessions whose highest weight it has move there).
+  // ResourceExhausted once kMaxWorkers instances exist.
+  absl::StatusOr<WorkerId> AddInstance() {
+    if (options_.instances >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(name_, ": all ", kMaxWorkers, " instances exist"));
+    }
+    const WorkerId id = options_.instances++;
+    estimate_.ResizeWorkers(options_.instances);
+    overlap_.push_back(0);
+    committed_.push_back(0);
+    up_.push_back(1);
+    read_up_.push_back(1);
+    return id;
+  }
+
   // The instance a session is bound to (unified, ear and sticky), or kNoWorker.
   WorkerId binding(SessionId session) const {
     auto it = bindings_.find(session);

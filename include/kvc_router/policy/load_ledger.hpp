@@ -28,7 +28,9 @@
 // bound there anew, so a dead instance neither keeps its sessions failing
 // nor, looking idle once its tickets are released, draws new ones. An
 // operator can also drain an instance (`SetDrained`): it is not routable
-// until resumed, while what runs there finishes.
+// until resumed, while what runs there finishes. Instances can join at
+// runtime (`AddInstance`, the next id, idle and routable; tell the policy
+// too, AffinityPolicy::AddInstance); one leaves by being drained for good.
 //
 // The ledger is thread-safe: many gateway threads may start and finish
 // requests and read loads at once. A ticket has one owner (hand it to the
@@ -43,6 +45,7 @@
 //   (*ledger)->ReportAnswered(where->instance);   // or ReportUnavailable when it never answered
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -179,10 +182,10 @@ class LoadLedger final : public ClusterView {
   // A placement naming no instance or an unknown worker is refused and books
   // nothing.
   absl::StatusOr<Ticket> Start(const Placement& placement, uint64_t prefill_tokens) {
-    if (placement.instance >= num_instances_) {
+    if (placement.instance >= num_instances_.load()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "LoadLedger::Start: placement instance ", placement.instance, " is not one of the ",
-          num_instances_, " instances"));
+          num_instances_.load(), " instances"));
     }
     if (prefill_tokens > kMaxCapacityTokens) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -218,9 +221,9 @@ class LoadLedger final : public ClusterView {
   // ClusterView.
   Topology topology() const override { return topology_; }
   uint32_t num_prefill_workers() const override { return num_prefill_workers_; }
-  uint32_t num_instances() const override { return num_instances_; }
+  uint32_t num_instances() const override { return num_instances_.load(); }
   InstanceLoad instance_load(WorkerId instance) const override {
-    if (instance >= num_instances_) return InstanceLoad{};
+    if (instance >= num_instances_.load()) return InstanceLoad{};
     absl::MutexLock lock(&mu_);
     return instances_[instance];
   }
@@ -237,13 +240,29 @@ class LoadLedger final : public ClusterView {
     return instance_health_.Routable(instance, now);
   }
 
+  // A new instance joins: the next id, with no load, a closed breaker and
+  // not drained. ResourceExhausted once kMaxWorkers instances exist.
+  absl::StatusOr<WorkerId> AddInstance() {
+    absl::MutexLock lock(&mu_);
+    const uint32_t id = num_instances_.load();
+    if (id >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("LoadLedger::AddInstance: all ", kMaxWorkers, " instances exist"));
+    }
+    instances_.emplace_back();
+    drained_.push_back(false);
+    instance_health_.Resize(id + 1);
+    num_instances_.store(id + 1);
+    return id;
+  }
+
   // Drains `instance` (true: nothing new goes there; requests running there
   // finish and give their load back as usual) or resumes it (false).
   // Refused, changing nothing, for an unknown instance.
   absl::Status SetDrained(WorkerId instance, bool drained) {
-    if (instance >= num_instances_) {
+    if (instance >= num_instances_.load()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "LoadLedger::SetDrained: instance ", instance, " is not one of the ", num_instances_,
+          "LoadLedger::SetDrained: instance ", instance, " is not one of the ", num_instances_.load(),
           " instances"));
     }
     absl::MutexLock lock(&mu_);
@@ -338,7 +357,9 @@ class LoadLedger final : public ClusterView {
   }
 
   const Topology topology_;
-  const uint32_t num_instances_;
+  // Grows under mu_ (AddInstance); read without it, since an id below a
+  // count once read stays valid.
+  std::atomic<uint32_t> num_instances_;
   const uint32_t num_prefill_workers_;
   const Clock clock_;
   mutable absl::Mutex mu_;
