@@ -1040,6 +1040,16 @@ TEST_CASE("ear load control: a new session waits while live contexts would pass 
     GrowingSession bound{1};  // session 1 again, from its first turn
     CHECK_FALSE(scene.ear->HoldNewSession(bound.Next(scene.id, 250), scene.cluster, 0));
   }
+  SECTION("an instance that is not routable lends no memory") {
+    scene.cluster.down = {false, true};  // drained, or its breaker open: 8,000 tokens left
+    CHECK(scene.Holds(10, 200, 0));      // 12,800 + 3,200 > 8,000
+    CHECK(scene.Holds(10, 500, 0));      // 8,000: fits once others leave
+    CHECK_FALSE(scene.Holds(10, 501, 0));  // beyond what the routable one holds
+    scene.cluster.down = {true, true};   // nothing routable: Place answers, nothing waits
+    CHECK_FALSE(scene.Holds(10, 200, 0));
+    scene.cluster.down = {};
+    CHECK_FALSE(scene.Holds(10, 200, 0));
+  }
   SECTION("a session that closes frees its memory at once") {
     scene.ear->OnSessionClosed(1);
     CHECK(scene.ear->live_context_tokens() == 9600);

@@ -709,9 +709,14 @@ def run_ear(args, start):
 
     # Two more calls it never answers open its circuit breaker: nothing goes
     # there while it is open, and the session bound there is placed anew.
-    # Both come from one turn: the other instance drained, the refugee's KV
-    # moves to the stopped one (a call it never answers, counted against it),
-    # then the turn runs there and is not answered either.
+    # The second is a KV move: the other instance drained, the refugee's KV
+    # moves to the stopped one, which never answers the move (counted
+    # against it); the turn is not run there but answered 503 at once.
+    try:
+        completion(gateway, "doomed", doomed_prompt + filler(81, 2, 50))
+        check(False, "a turn on the stopped instance fails")
+    except urllib.error.HTTPError as e:
+        check(e.code == 502, f"a turn on the stopped instance: HTTP {e.code}")
     failed_moves = parse_metrics(http(gateway + "/metrics")[1])[
         'kvc_session_migrations_total{status="error"}']
     http(gateway + f"/admin/instances/{other}/drain", {})
@@ -720,7 +725,8 @@ def run_ear(args, start):
                    refugee_prompt + refugee["choices"][0]["text"] + filler(85, 9, 50))
         check(False, "a turn moved onto the stopped instance fails")
     except urllib.error.HTTPError as e:
-        check(e.code == 502, f"a turn moved onto the stopped instance: HTTP {e.code}")
+        check(e.code == 503 and e.headers.get("Retry-After") == "1",
+              f"a turn whose KV move got no answer: HTTP {e.code}, retry {e.headers.get('Retry-After')}")
     http(gateway + f"/admin/instances/{other}/resume", {})
     poll_metrics(gateway, lambda m: (
         m['kvc_session_migrations_total{status="error"}'] == failed_moves + 1 and
@@ -770,10 +776,23 @@ def run_ear(args, start):
             check(e.code == 400, f"join with {body}: HTTP {e.code}")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # Nothing answers there yet: refused, nothing grows.
+    try:
+        http(gateway + "/admin/instances", {"url": url})
+        check(False, "joining an instance that does not answer is refused")
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read().decode())["error"]["message"]
+        check(e.code == 502 and "/health" in message, f"join of a dead URL: HTTP {e.code} {message}")
     proc = start("instance2", [args.emulator, "--role", "instance", "--port", str(port)] + common)
     wait_healthy(url, proc)
     _, joined = http(gateway + "/admin/instances", {"url": url})
     check(joined == {"instance": 2, "url": url}, f"join answer: {joined}")
+    for again in (url, instances[other]):
+        try:
+            http(gateway + "/admin/instances", {"url": again})
+            check(False, f"joining {again} twice is refused")
+        except urllib.error.HTTPError as e:
+            check(e.code == 409, f"join of {again} again: HTTP {e.code}")
     poll_metrics(gateway, lambda m: m['kvc_instance_routable{worker="2"}'] == 1,
                  "the new instance is routable")
     check(len(http(gateway + "/debug/index")[1]["instances"]) == 3, "/debug/index lists three")

@@ -405,9 +405,17 @@ class GatewayBase {
     const std::string url = request["url"].get<std::string>();
     const absl::StatusOr<WorkerId> added = AddInstance(url);
     if (!added.ok()) {
-      // A bad URL: 400; a policy that cannot grow, or no slot left: 409.
-      return Fail(res, absl::IsInvalidArgument(added.status()) ? 400 : 409,
-                  std::string(added.status().message()));
+      // A bad URL: 400; nothing answering there: 502; a policy that cannot
+      // grow, a URL already in, or no slot left: 409.
+      const absl::Status& status = added.status();
+      const int code = absl::IsInvalidArgument(status)      ? 400
+                       : absl::IsUnavailable(status)        ? 502
+                       : absl::IsFailedPrecondition(status) ||
+                               absl::IsAlreadyExists(status) ||
+                               absl::IsResourceExhausted(status)
+                           ? 409
+                           : 500;
+      return Fail(res, code, std::string(status.message()));
     }
     res.set_content(json{{"instance", *added}, {"url", url}}.dump(), "application/json");
   }
@@ -870,8 +878,21 @@ class AffinityGateway final : public GatewayBase {
       absl::StatusOr<uint64_t> kept =
           transport_->MoveSessionKv(placement->migrate_from, instance, turn.session);
       // The move is a call to the target (it pulls from the source), so it
-      // feeds the target's breaker as the turn's own call does.
+      // feeds the target's breaker as the turn's own call does. A target
+      // that never answered it would not answer the turn either: the client
+      // retries instead of waiting out a second timeout, and the breaker
+      // counts one failure for the turn.
       ReportCall(instance, kept.status());
+      if (engine::HttpWorkerTransport::NoAnswer(kept.status())) {
+        {
+          std::lock_guard<std::mutex> lock(policy_mu_);
+          ++migrations_failed_;
+        }
+        report_finished();  // no context learned
+        metrics_.Request(false);
+        s.hasher.reset();  // what the instances hold is unknown now
+        return reply.Fail(503, std::string(kept.status().message()), /*retry=*/true);
+      }
       moved = kept.ok() && *kept > 0;
       const uint64_t held = kept.ok() ? std::min(request.input_tokens, *kept) : 0;
       // Cannot fail: the prefill is still pending and no larger than booked input.
@@ -959,24 +980,43 @@ class AffinityGateway final : public GatewayBase {
     return status;
   }
 
-  // The transport, the ledger and the policy grow together, under the
+  // A new instance must answer GET /health first (a mistyped URL would
+  // otherwise look idle and draw every new session) and must not be in
+  // already (a retried POST would split one engine's load over two ids).
+  // The transport, the ledger and the policy then grow together, under the
   // policy's lock so that no Place sees them disagree; the URL is checked
-  // and the slot counted first, so none of them can refuse after another
-  // has grown.
+  // and the slot counted first, so none of them refuses after another grew.
   absl::StatusOr<WorkerId> AddInstance(const std::string& url) override {
     if (url.rfind("http://", 0) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("instance URL \"", url, "\" must start with http://"));
     }
+    httplib::Client probe(url);
+    probe.set_connection_timeout(std::chrono::seconds(2));
+    probe.set_read_timeout(std::chrono::seconds(2));
+    const httplib::Result health = probe.Get("/health");
+    if (!health || health->status != 200) {
+      return absl::UnavailableError(absl::StrCat(
+          "instance ", url, " does not answer GET /health",
+          health ? absl::StrCat(" with 200 (HTTP ", health->status, ")")
+                 : absl::StrCat(" (", httplib::to_string(health.error()), ")")));
+    }
     std::lock_guard<std::mutex> lock(policy_mu_);
+    const std::vector<std::string> known = transport_->decode_urls();
+    if (auto it = std::find(known.begin(), known.end(), url); it != known.end()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(url, " is instance ", it - known.begin(), " already"));
+    }
     if (ledger_->num_instances() >= kMaxWorkers) {
       return absl::ResourceExhaustedError(absl::StrCat("all ", kMaxWorkers, " instances exist"));
     }
     const absl::StatusOr<WorkerId> on_transport = transport_->AddDecodeUrl(url);
+    if (!on_transport.ok()) return on_transport.status();
     const absl::StatusOr<WorkerId> on_ledger = ledger_->AddInstance();
+    if (!on_ledger.ok()) return on_ledger.status();
     const absl::StatusOr<WorkerId> on_policy = policy_->AddInstance();
-    if (!on_transport.ok() || !on_ledger.ok() || !on_policy.ok() || *on_transport != *on_ledger ||
-        *on_ledger != *on_policy) {
+    if (!on_policy.ok()) return on_policy.status();
+    if (*on_transport != *on_ledger || *on_ledger != *on_policy) {
       return absl::InternalError("the transport, ledger and policy disagree on the new id");
     }
     queue_cv_.notify_all();  // a held first turn may fit now

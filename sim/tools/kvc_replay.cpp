@@ -839,10 +839,11 @@ int Run(int argc, char** argv) {
   if (o.sim.faults.any()) {
     for (const sim::PolicyResult& r : report.results) {
       std::cout << absl::StrFormat(
-          "faults %-18s crashes %d (sessions lost %d, cached tokens lost %d), RPC timeouts %d, "
-          "events dropped %d, duplicated %d, reordered %d\n",
+          "faults %-18s crashes %d (sessions lost %d, cached tokens lost %d, turns that "
+          "waited for an instance %d), RPC timeouts %d, events dropped %d, duplicated %d, "
+          "reordered %d\n",
           r.name, r.faults.crashes, r.faults.sessions_lost, r.faults.cached_tokens_lost,
-          r.faults.rpc_timeouts,
+          r.faults.turns_waited_for_instance, r.faults.rpc_timeouts,
           r.faults.events_dropped, r.faults.events_duplicated, r.faults.events_reordered);
     }
   }

@@ -297,6 +297,11 @@ class HttpWorkerTransport {
     absl::MutexLock lock(&urls_mu_);
     return decode_urls_.size();
   }
+  // A copy of every decode worker's URL, index = WorkerId.
+  std::vector<std::string> decode_urls() const {
+    absl::MutexLock lock(&urls_mu_);
+    return decode_urls_;
+  }
 
   absl::StatusOr<AdmitResult> Admit(WorkerId decode, const AdmitQuery& query) {
     absl::StatusOr<std::string> url = DecodeUrl(decode);
@@ -660,7 +665,7 @@ class HttpWorkerTransport {
   mutable absl::Mutex urls_mu_;
   std::vector<std::string> decode_urls_ ABSL_GUARDED_BY(urls_mu_);
   absl::Mutex mu_;
-  absl::flat_hash_map<SessionId, std::shared_ptr<Attachment::Slot>> slots_;
+  absl::flat_hash_map<SessionId, std::shared_ptr<Attachment::Slot>> slots_ ABSL_GUARDED_BY(mu_);
 };
 
 static_assert(WorkerTransport<HttpWorkerTransport>);

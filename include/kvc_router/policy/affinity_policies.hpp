@@ -170,8 +170,8 @@ struct AffinityPolicyOptions {
   // ear, load control (HoldNewSession; Denning's working-set rule, with
   // sessions for processes): a new session's first turn waits at the
   // gateway while the contexts of the live sessions plus its input exceed
-  // hold_memory_fraction of the cluster's reusable KV (instances x
-  // reusable_capacity_tokens). Admitting it would make the engines' LRU
+  // hold_memory_fraction of the cluster's reusable KV (routable instances
+  // x reusable_capacity_tokens). Admitting it would make the engines' LRU
   // evict contexts whose next turns come within seconds, and every lost
   // context is prefilled again while other prompts queue behind it; held,
   // the new session waits once, for memory that sessions ending free. The
@@ -523,7 +523,13 @@ class AffinityPolicy final : public RoutingPolicy {
                                 : options_.kv_capacity_tokens);
     const double live = static_cast<double>(live_tokens_);
     if (2 * live > reusable * static_cast<double>(live_sessions_)) return false;
-    const double limit = reusable * static_cast<double>(options_.instances);
+    // Only routable instances lend their memory: a drained (or removed)
+    // one takes no new session, and one whose breaker is open may come
+    // back empty. With none routable nothing is held: Place answers.
+    uint32_t routable = 0;
+    const uint32_t instances = std::min<uint32_t>(options_.instances, cluster.num_instances());
+    for (WorkerId d = 0; d < instances; ++d) routable += cluster.routable(d) ? 1 : 0;
+    const double limit = reusable * static_cast<double>(routable);
     const double input = static_cast<double>(request.input_tokens);
     // An input beyond the limit on its own would wait for an empty cluster.
     return input <= limit && live + input > limit;
@@ -675,9 +681,11 @@ class AffinityPolicy final : public RoutingPolicy {
   // A new instance (colocated) or decode worker joins: the next id, with
   // nothing cached, bound or committed. Grow the cluster view the same way
   // first (LoadLedger::AddInstance): Place refuses a view of another size.
-  // Bound sessions stay where they are; new sessions see the new instance
-  // (sticky: the ~1/N of sessions whose highest weight it has move there).
-  // ResourceExhausted once kMaxWorkers instances exist.
+  // Under unified and ear bound sessions stay where their KV is and new
+  // sessions see the newcomer; under sticky the ~1/N of all sessions whose
+  // weight it wins move there, without their KV. ResourceExhausted once
+  // kMaxWorkers instances exist (ids are not reused: an instance leaves by
+  // a drain and keeps its id).
   absl::StatusOr<WorkerId> AddInstance() {
     if (options_.instances >= kMaxWorkers) {
       return absl::ResourceExhaustedError(

@@ -11,8 +11,9 @@
 //    is a KV-pool restart, not lost requests). For `crash_downtime_s` it is
 //    down: it answers no admission RPC, it is not `routable()` (an ideal
 //    circuit breaker: the affinity rules route around it at once), and a
-//    request another policy places there anyway starts only when it is back
-//    (a gateway with no breaker retries it). When nothing a policy may use is
+//    request placed there anyway (by a policy that does not read
+//    routability, or before the crash and not started yet) starts only when
+//    it is back (a gateway with no breaker retries it). When nothing a policy may use is
 //    up, its turns wait at the gateway for the first instance back. The
 //    policy hears of an admission pool's lost sessions through the
 //    eviction-event path below; of a page cache's lost pages, nothing.
@@ -84,6 +85,9 @@ struct FaultCounts {
   uint64_t crashes = 0;
   uint64_t sessions_lost = 0;  // sessions whose KV a crash dropped (admission pools)
   uint64_t cached_tokens_lost = 0;  // page-cache tokens a crash dropped (the others)
+  // Placements refused because nothing the policy may use was up; each
+  // waited for the first instance back.
+  uint64_t turns_waited_for_instance = 0;
   uint64_t rpc_timeouts = 0;   // including RPCs to a crashed instance
   uint64_t events_dropped = 0;
   uint64_t events_duplicated = 0;

@@ -203,6 +203,7 @@ inline nlohmann::ordered_json JsonPolicy(const PolicyResult& p, bool recommended
   j["faults"] = {{"crashes", p.faults.crashes},
                  {"sessions_lost", p.faults.sessions_lost},
                  {"cached_tokens_lost", p.faults.cached_tokens_lost},
+                 {"turns_waited_for_instance", p.faults.turns_waited_for_instance},
                  {"rpc_timeouts", p.faults.rpc_timeouts},
                  {"events_dropped", p.faults.events_dropped},
                  {"events_duplicated", p.faults.events_duplicated},

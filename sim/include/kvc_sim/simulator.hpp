@@ -237,7 +237,9 @@ class Simulator final : public policy::ClusterView {
   // ideal circuit breaker (a gateway's opens after some calls go
   // unanswered). Only the policies that read it (the affinity rules) avoid it.
   bool routable(WorkerId instance) const override {
-    return instance < down_until_.size() && now_ >= down_until_[instance];
+    if (instance >= instances_.size()) return false;
+    // Before the replay starts nothing is down.
+    return instance >= down_until_.size() || now_ >= down_until_[instance];
   }
 
   absl::StatusOr<AdmitResult> Admit(WorkerId instance, const AdmitQuery& query) override {
@@ -683,6 +685,7 @@ class Simulator final : public policy::ClusterView {
       // at the gateway until an instance is back, as a client told 503
       // retries.
       free_slots_.push_back(slot);
+      ++result_.faults.turns_waited_for_instance;
       unplaced_.push_back(QueuedTurn{turn_index, issue_s, queued_s});
       if (!retry_pending_) {
         retry_pending_ = true;
@@ -707,12 +710,6 @@ class Simulator final : public policy::ClusterView {
     }
     f.placement = *placement;
     f.ready_s = now_ + config_.cost.admit_rpc_s * placement->admit_attempts;
-    if (placement->booking != policy::Booking::kAdmitted) {
-      // A crashed instance starts nothing while it is down: a turn a policy
-      // sent there anyway (one that does not read routability) starts when it
-      // is back, as a gateway with no breaker retries it until it answers.
-      f.ready_s = std::max(f.ready_s, down_until_[placement->instance]);
-    }
     result_.admit_attempts += placement->admit_attempts;
     for (int r = 0; r < kNumRejectReasons; ++r) result_.rejections[r] += placement->rejections[r];
 
@@ -756,6 +753,14 @@ class Simulator final : public policy::ClusterView {
   void StartPrefill(uint32_t slot) {
     Flight& f = flights_[slot];
     const TraceTurn& t = trace_.turns[f.turn];
+    // A crashed instance starts nothing while it is down: a turn placed
+    // there anyway (by a policy that does not read routability, or before
+    // the crash) starts when it is back, as a gateway with no breaker
+    // retries it until it answers. Its booking waits with it.
+    if (const double back_s = down_until_[f.placement.instance]; now_ < back_s) {
+      queue_.Push(back_s, EventPayload{EventType::kReady, slot, 0});
+      return;
+    }
     if (config_.hit_bound && !prefill_began_[f.turn]) {
       prefill_began_[f.turn] = 1;
       prefill_order_.push_back(f.turn);
