@@ -987,9 +987,8 @@ class AffinityGateway final : public GatewayBase {
   // policy's lock so that no Place sees them disagree; the URL is checked
   // and the slot counted first, so none of them refuses after another grew.
   absl::StatusOr<WorkerId> AddInstance(const std::string& url) override {
-    if (url.rfind("http://", 0) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("instance URL \"", url, "\" must start with http://"));
+    if (absl::Status valid = engine::HttpWorkerTransport::CheckUrl(url); !valid.ok()) {
+      return valid;
     }
     httplib::Client probe(url);
     probe.set_connection_timeout(std::chrono::seconds(2));

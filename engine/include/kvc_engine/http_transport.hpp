@@ -293,6 +293,14 @@ class HttpWorkerTransport {
     decode_urls_.push_back(std::move(url));
     return static_cast<WorkerId>(decode_urls_.size() - 1);
   }
+  // InvalidArgument naming `url` unless it is one this transport can call.
+  static absl::Status CheckUrl(const std::string& url) {
+    if (url.rfind("http://", 0) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HttpWorkerTransport: worker URL \"", url, "\" must start with http://"));
+    }
+    return absl::OkStatus();
+  }
   size_t num_decode_urls() const {
     absl::MutexLock lock(&urls_mu_);
     return decode_urls_.size();
@@ -407,13 +415,6 @@ class HttpWorkerTransport {
     return decode_urls_[decode];
   }
 
-  static absl::Status CheckUrl(const std::string& url) {
-    if (url.rfind("http://", 0) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("HttpWorkerTransport: worker URL \"", url, "\" must start with http://"));
-    }
-    return absl::OkStatus();
-  }
 
   absl::Status Call(const std::string& url, const char* path, const Request& request,
                     nlohmann::json extra, bool keep_response) {
